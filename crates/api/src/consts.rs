@@ -1,0 +1,54 @@
+//! Every well-known name of the API in one place: group, version, kind, labels,
+//! annotations, condition types, gate names, the field manager and finalizer.
+
+/// API group of the SafeRollout resource.
+pub const GROUP: &str = "saferollout.dev";
+/// Served and stored version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of a SafeRollout manifest.
+pub const API_VERSION: &str = "saferollout.dev/v1alpha1";
+/// Kind of the resource.
+pub const KIND: &str = "SafeRollout";
+/// Plural resource name (the URL segment).
+pub const PLURAL: &str = "saferollouts";
+/// Short name for kubectl (`kubectl get sr`).
+pub const SHORT_NAME: &str = "sr";
+/// Name of the CustomResourceDefinition object.
+pub const CRD_NAME: &str = "saferollouts.saferollout.dev";
+
+/// Annotation a person sets on a SafeRollout to retry a blocked revision. The
+/// value is the revision hash (a DaemonSet `controller-revision-hash`) to unblock.
+pub const RETRY_ANNOTATION: &str = "saferollout.dev/retry";
+
+/// Label the operator puts on a node taken by a stage; the value is the stage
+/// index (0-based, as a decimal string). Alert rules and probe pods select on it.
+pub const STAGE_LABEL: &str = "saferollout.dev/stage";
+/// Label the operator puts on nodes (and on objects it creates, such as probe
+/// pods) identifying the SafeRollout that owns them.
+pub const ROLLOUT_LABEL: &str = "saferollout.dev/rollout";
+/// The standard label key telling which tool manages an object.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`] on objects the operator creates.
+pub const MANAGED_BY: &str = "saferollout-operator";
+/// Field manager name for every server-side apply and patch the operator makes.
+pub const FIELD_MANAGER: &str = "saferollout-operator";
+/// Finalizer the operator puts on a SafeRollout so that, on deletion, it can
+/// give the DaemonSet back its original update strategy.
+pub const FINALIZER: &str = "saferollout.dev/finalizer";
+
+/// Condition type: the target revision runs on every node and every gate passed.
+pub const CONDITION_READY: &str = "Ready";
+/// Condition type: a rollout (or a revert) is under way.
+pub const CONDITION_PROGRESSING: &str = "Progressing";
+/// Condition type: a gate failed, a revision was reverted or the rollout is stuck.
+pub const CONDITION_DEGRADED: &str = "Degraded";
+
+/// Gate name of the always-on pods-ready gate, as written in `GateResult.gate`.
+pub const GATE_PODS_READY: &str = "podsReady";
+/// Gate name prefix of the allocatable gate (`allocatable/<resource>` per resource).
+pub const GATE_ALLOCATABLE: &str = "allocatable";
+
+/// The `capacityLabel:` prefix of an allocatable gate's `max` bound.
+pub const CAPACITY_LABEL_PREFIX: &str = "capacityLabel:";
+/// The `baseline` word of an allocatable gate's `min`/`max` bound.
+pub const BASELINE: &str = "baseline";

@@ -1,0 +1,220 @@
+//! Hand-written OpenAPI schemas for the fields whose validation the derive cannot
+//! express: CEL rules (`x-kubernetes-validations`) with messages that name the
+//! field, int-or-string checks, list-map markers.
+//!
+//! Cost: the API server estimates the worst-case cost of every CEL rule when the
+//! CRD is created and rejects rules that could be too expensive. Strings carrying
+//! a rule get a `maxLength`, lists a `maxItems`. An int-or-string value counts as
+//! a string of unbounded size (about 3 MB) whatever `maxLength` says, so rules on
+//! int-or-string fields never call `matches()`, `contains()` or similar on it:
+//! they compare with literals and use `in` on a literal list, which cost O(1) in
+//! the string's size.
+
+use schemars::{Schema, SchemaGenerator, json_schema};
+use serde_json::{Value, json};
+
+use crate::duration::{DURATION_MAX_LENGTH, DURATION_REGEX};
+
+/// DNS-1123 subdomain, as RE2 without backslashes.
+pub const DNS1123_SUBDOMAIN_REGEX: &str =
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// An extended resource name: `<dns-subdomain prefix>/<name>` where the name is
+/// a qualified-name part (alphanumerics, `-`, `_`, `.`; at most 63 characters).
+pub const EXTENDED_RESOURCE_REGEX: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+
+/// Largest integer the int-or-string fields accept (they are int32 on the wire).
+pub const INT32_MAX: i64 = i32::MAX as i64;
+
+/// Maximum number of stages.
+pub const MAX_STAGES: u32 = 20;
+/// Maximum number of allocatable gate entries.
+pub const MAX_ALLOCATABLE: u32 = 8;
+
+/// Message of the DNS-1123 rule on `spec.targetRef.name`.
+pub const MSG_TARGET_NAME: &str = "targetRef.name must be the name of a DaemonSet: a non-empty DNS-1123 subdomain (lowercase letters, digits, '-' and '.')";
+/// Message of the immutability rule on `spec.targetRef.name`.
+pub const MSG_TARGET_IMMUTABLE: &str =
+    "targetRef.name is immutable: create a new SafeRollout to target another DaemonSet";
+/// Message of the rule on `spec.stages[].nodes`.
+pub const MSG_STAGE_NODES: &str = "stages[].nodes must be a positive node count or a percentage between 1% and 100% (e.g. 1, 5, \"10%\")";
+/// Message of the rule on `spec.maxUnavailable`.
+pub const MSG_MAX_UNAVAILABLE: &str = "maxUnavailable must be a positive pod count or a percentage between 1% and 100% (e.g. 1, \"10%\")";
+/// Message of the rule on `spec.gates.allocatable[].resource`.
+pub const MSG_RESOURCE: &str = "gates.allocatable[].resource must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
+/// Message of the rule on `spec.gates.allocatable[].min`.
+pub const MSG_MIN: &str = "gates.allocatable[].min must be \"baseline\" or an integer >= 0";
+/// Message of the rule on `spec.gates.allocatable[].max`.
+pub const MSG_MAX: &str = "gates.allocatable[].max must be \"baseline\", \"capacityLabel:<node-label-key>\" or an integer >= 0";
+/// Message of the rule comparing `min` and `max` of an allocatable gate.
+pub const MSG_MIN_ABOVE_MAX: &str = "gates.allocatable[].min must not be greater than max";
+
+/// Message of the grammar rule on a duration field.
+pub fn duration_message(field: &str) -> String {
+    format!(
+        "{field} must be a duration such as 30s, 5m or 1h30m: digits with an optional fraction, each followed by a unit ms, s, m or h; no sign, no spaces"
+    )
+}
+
+/// Message of the non-zero rule on a duration field.
+pub fn positive_message(field: &str) -> String {
+    format!("{field} must be longer than zero")
+}
+
+/// One `x-kubernetes-validations` entry.
+pub(crate) fn rule(rule: &str, message: &str) -> Value {
+    json!({ "rule": rule, "message": message })
+}
+
+/// One `x-kubernetes-validations` entry with a `reason`.
+pub(crate) fn rule_with_reason(rule: &str, message: &str, reason: &str) -> Value {
+    json!({ "rule": rule, "message": message, "reason": reason })
+}
+
+/// The CEL literal list `['1%', '2%', ..., '100%']`.
+pub fn percent_list() -> String {
+    let items: Vec<String> = (1..=100).map(|p| format!("'{p}%'")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// CEL: an int-or-string that is an integer in 1..=int32 max or one of `1%`..`100%`.
+pub fn count_or_percent_rule() -> String {
+    format!(
+        "type(self) == int ? (self >= 1 && self <= {INT32_MAX}) : (type(self) == string && self in {})",
+        percent_list()
+    )
+}
+
+fn int_or_string(rules: Vec<Value>) -> Schema {
+    // `nullable: false` stops kube's OptionalIntOrString transform from marking a
+    // defaulted field nullable: a `null` is then pruned and defaulted by the API
+    // server instead of reaching the operator.
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "nullable": false,
+        "x-kubernetes-validations": rules,
+    })
+}
+
+/// A duration string schema; `positive` also rejects zero durations.
+pub(crate) fn duration(field: &str, positive: bool) -> Schema {
+    let mut rules = vec![rule(
+        &format!("self.matches('{DURATION_REGEX}')"),
+        &duration_message(field),
+    )];
+    if positive {
+        // Only judged on well-formed values, so a malformed one gets one message.
+        rules.push(rule(
+            &format!("!self.matches('{DURATION_REGEX}') || self.matches('[1-9]')"),
+            &positive_message(field),
+        ));
+    }
+    json_schema!({
+        "type": "string",
+        "maxLength": DURATION_MAX_LENGTH,
+        "x-kubernetes-validations": rules,
+    })
+}
+
+pub(crate) fn target_ref_name(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 253,
+        "x-kubernetes-validations": [
+            rule(
+                &format!("self.matches('{DNS1123_SUBDOMAIN_REGEX}')"),
+                MSG_TARGET_NAME,
+            ),
+            rule_with_reason(
+                "self == oldSelf",
+                MSG_TARGET_IMMUTABLE,
+                "FieldValueForbidden",
+            ),
+        ],
+    })
+}
+
+pub(crate) fn pod_template(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+pub(crate) fn stage_nodes(_: &mut SchemaGenerator) -> Schema {
+    int_or_string(vec![rule(&count_or_percent_rule(), MSG_STAGE_NODES)])
+}
+
+pub(crate) fn stage_soak(_: &mut SchemaGenerator) -> Schema {
+    duration("stages[].soak", false)
+}
+
+pub(crate) fn max_unavailable(_: &mut SchemaGenerator) -> Schema {
+    int_or_string(vec![rule(&count_or_percent_rule(), MSG_MAX_UNAVAILABLE)])
+}
+
+pub(crate) fn progress_deadline(_: &mut SchemaGenerator) -> Schema {
+    duration("progressDeadline", true)
+}
+
+pub(crate) fn pods_ready_timeout(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.podsReady.timeout", true)
+}
+
+pub(crate) fn allocatable_resource(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 317,
+        "x-kubernetes-validations": [rule(
+            &format!(
+                "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
+            ),
+            MSG_RESOURCE,
+        )],
+    })
+}
+
+pub(crate) fn allocatable_min(_: &mut SchemaGenerator) -> Schema {
+    int_or_string(vec![rule(
+        &format!(
+            "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && self == 'baseline')"
+        ),
+        MSG_MIN,
+    )])
+}
+
+pub(crate) fn allocatable_max(_: &mut SchemaGenerator) -> Schema {
+    // 14 = len("capacityLabel:"), 317 = longest label key.
+    int_or_string(vec![rule(
+        &format!(
+            "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && (self == 'baseline' || (self.startsWith('capacityLabel:') && size(self) > 14 && size(self) <= 331)))"
+        ),
+        MSG_MAX,
+    )])
+}
+
+pub(crate) fn allocatable_soak(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.allocatable[].soak", false)
+}
+
+/// Marks the schema (an array) as a list-map keyed by `keys`.
+pub(crate) fn list_map(schema: &mut Schema, keys: &[&str]) {
+    schema.insert("x-kubernetes-list-type".into(), json!("map"));
+    schema.insert("x-kubernetes-list-map-keys".into(), json!(keys));
+}
+
+pub(crate) fn list_map_by_type(schema: &mut Schema) {
+    list_map(schema, &["type"]);
+}
+
+pub(crate) fn list_map_by_revision(schema: &mut Schema) {
+    list_map(schema, &["revision"]);
+}
+
+pub(crate) fn list_map_by_index(schema: &mut Schema) {
+    list_map(schema, &["index"]);
+}
+
+pub(crate) fn list_map_by_resource(schema: &mut Schema) {
+    list_map(schema, &["resource"]);
+}

@@ -1,0 +1,352 @@
+//! The SafeRollout spec. Doc comments on the types become the CRD's field
+//! descriptions (`kubectl explain saferollout.spec`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use schemars::{JsonSchema, Schema};
+use serde::{Deserialize, Serialize};
+
+use crate::consts::BASELINE;
+use crate::duration::{DurationError, DurationString};
+use crate::intstr::{Bound, BoundError, parse_bound};
+use crate::schema;
+use crate::status::SafeRolloutStatus;
+
+/// SafeRolloutSpec is the desired state of a staged, gated rollout of one
+/// DaemonSet (a device plugin or DRA driver) in the SafeRollout's namespace.
+///
+/// The operator takes control of the DaemonSet's updates (it sets
+/// `updateStrategy: OnDelete` and records the original), replaces agent pods
+/// node by node, stage by stage, checks health gates after each stage, and
+/// reverts to the last good template when a gate fails.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "saferollout.dev",
+    version = "v1alpha1",
+    kind = "SafeRollout",
+    plural = "saferollouts",
+    singular = "saferollout",
+    shortname = "sr",
+    namespaced,
+    status = "SafeRolloutStatus",
+    derive = "PartialEq",
+    doc = "SafeRollout rolls out a new version or configuration of a device-plugin or DRA-driver DaemonSet in stages, with health gates and automatic revert.",
+    printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase"}"#,
+    printcolumn = r#"{"name": "Stage", "type": "integer", "description": "Index (0-based) of the current stage", "jsonPath": ".status.currentStage"}"#,
+    printcolumn = r#"{"name": "Target", "type": "string", "description": "Revision (controller-revision-hash) being rolled out", "jsonPath": ".status.targetRevision"}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SafeRolloutSpec {
+    /// The DaemonSet to roll out. It must be in the SafeRollout's namespace.
+    pub target_ref: TargetRef,
+
+    /// The pod template to roll out (a PodTemplateSpec). When set, the
+    /// SafeRollout is the source of the template (the GitOps path): Git owns
+    /// the SafeRollout and the operator writes the template to the DaemonSet,
+    /// stage by stage. When absent, the operator gates the templates written to
+    /// the DaemonSet itself (e.g. by Helm): each new ControllerRevision is
+    /// rolled out in stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::pod_template")]
+    pub template: Option<serde_json::Value>,
+
+    /// Where the first stage (the canary) may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+
+    /// The stages of a rollout, in order. Each stage's `nodes` is cumulative:
+    /// how many nodes run the new revision once the stage is done. When absent:
+    /// 1 node, then 10%, 50% and 100% of the nodes, without soak. When the last
+    /// stage covers fewer than all nodes, a final stage of 100% follows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 20))]
+    pub stages: Option<Vec<Stage>>,
+
+    /// How many agent pods of a stage are replaced at once: a count (at least
+    /// 1) or a percentage of the stage's nodes (rounded down, at least 1).
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(schema_with = "schema::max_unavailable")]
+    pub max_unavailable: IntOrString,
+
+    /// How long one stage may take, from its start until its gates pass
+    /// (soak excluded). A stage that misses it fails and the rollout reverts.
+    #[serde(default = "default_progress_deadline")]
+    #[schemars(schema_with = "schema::progress_deadline")]
+    pub progress_deadline: DurationString,
+
+    /// Health gates judged after each stage. podsReady is always judged, even
+    /// when this field is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gates: Option<Gates>,
+
+    /// Stops the rollout where it is: no further pod is replaced until this is
+    /// false again. A revert in progress still completes.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// A reference to the DaemonSet to roll out.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    /// Name of the DaemonSet in the SafeRollout's namespace. Immutable.
+    #[schemars(schema_with = "schema::target_ref_name")]
+    pub name: String,
+}
+
+/// Where the canary (the first stage) may run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Canary {
+    /// Only nodes matching this selector are taken by the first stage, e.g. a
+    /// node labelled for testing. Without it any node running the agent may be
+    /// taken. Later stages take any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+}
+
+/// One stage of a rollout.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Stage {
+    /// How many nodes run the new revision once this stage is done, counting
+    /// earlier stages: a count (at least 1) or a percentage between 1% and
+    /// 100% of the nodes running the agent (rounded up).
+    #[schemars(schema_with = "schema::stage_nodes")]
+    pub nodes: IntOrString,
+
+    /// How long the stage's gates must keep passing before the next stage
+    /// starts.
+    #[serde(default = "default_stage_soak")]
+    #[schemars(schema_with = "schema::stage_soak")]
+    pub soak: DurationString,
+
+    /// Pause before this stage starts, until a person approves it.
+    #[serde(default)]
+    pub pause: bool,
+}
+
+/// The health gates. podsReady always applies; every other gate applies when
+/// its field is set. (Adding a gate is one optional field here.)
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Gates {
+    /// Every agent pod on the stage's nodes must be Running, Ready and of the
+    /// new revision. Fails at once on CrashLoopBackOff, ImagePullBackOff or
+    /// CreateContainerConfigError. Judged even when this field is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_ready: Option<PodsReadyGate>,
+
+    /// Per node, an extended resource's allocatable count must stay within
+    /// bounds once the new agent pod is Ready. At most 8 entries, one per
+    /// resource.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), transform = schema::list_map_by_resource)]
+    pub allocatable: Vec<AllocatableGate>,
+}
+
+/// Settings of the podsReady gate.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodsReadyGate {
+    /// How long the stage's agent pods may take to become Ready. Defaults to
+    /// the rollout's progressDeadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::pods_ready_timeout")]
+    pub timeout: Option<DurationString>,
+}
+
+/// The allocatable gate for one extended resource.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = allocatable_rules)]
+pub struct AllocatableGate {
+    /// The extended resource, e.g. nvidia.com/gpu (a name with a domain prefix;
+    /// cpu and memory are not extended resources).
+    #[schemars(schema_with = "schema::allocatable_resource")]
+    pub resource: String,
+
+    /// Floor: "baseline" (the node's allocatable before the stage touched it)
+    /// or a number. Catches a plugin that is Ready but advertises nothing.
+    #[serde(default = "default_bound")]
+    #[schemars(schema_with = "schema::allocatable_min")]
+    pub min: IntOrString,
+
+    /// Ceiling: "baseline", "capacityLabel:<node-label-key>" (the integer
+    /// value of a trusted node label such as nvidia.com/gpu.count) or a number.
+    /// Catches a plugin that advertises more devices than exist.
+    #[serde(default = "default_bound")]
+    #[schemars(schema_with = "schema::allocatable_max")]
+    pub max: IntOrString,
+
+    /// How long the value must stay within bounds before the gate passes
+    /// (rejects flapping).
+    #[serde(default = "default_allocatable_soak")]
+    #[schemars(schema_with = "schema::allocatable_soak")]
+    pub soak: DurationString,
+}
+
+fn allocatable_rules(s: &mut Schema) {
+    s.insert(
+        "x-kubernetes-validations".into(),
+        serde_json::json!([{
+            "rule": "!has(self.min) || !has(self.max) || type(self.min) != int || type(self.max) != int || self.min <= self.max",
+            "message": schema::MSG_MIN_ABOVE_MAX,
+            "fieldPath": ".min",
+        }]),
+    );
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+fn default_progress_deadline() -> DurationString {
+    DurationString::from("10m")
+}
+
+fn default_stage_soak() -> DurationString {
+    DurationString::from("0s")
+}
+
+fn default_allocatable_soak() -> DurationString {
+    DurationString::from("10s")
+}
+
+fn default_bound() -> IntOrString {
+    IntOrString::String(BASELINE.to_string())
+}
+
+/// The stages used when `spec.stages` is absent: 1 node, 10%, 50%, 100%.
+pub fn default_stages() -> Vec<Stage> {
+    vec![
+        Stage::new(IntOrString::Int(1)),
+        Stage::new(IntOrString::String("10%".into())),
+        Stage::new(IntOrString::String("50%".into())),
+        Stage::new(IntOrString::String("100%".into())),
+    ]
+}
+
+impl Stage {
+    /// A stage without soak or pause.
+    pub fn new(nodes: IntOrString) -> Self {
+        Self {
+            nodes,
+            soak: default_stage_soak(),
+            pause: false,
+        }
+    }
+
+    /// Whether the stage explicitly covers every node (`"100%"`).
+    pub fn is_full(&self) -> bool {
+        matches!(&self.nodes, IntOrString::String(s) if s == "100%")
+    }
+}
+
+impl AllocatableGate {
+    /// A gate on `resource` with the defaults: min and max "baseline", soak 10s.
+    pub fn new(resource: impl Into<String>) -> Self {
+        Self {
+            resource: resource.into(),
+            min: default_bound(),
+            max: default_bound(),
+            soak: default_allocatable_soak(),
+        }
+    }
+
+    /// The floor, parsed.
+    pub fn min_bound(&self) -> Result<Bound, BoundError> {
+        parse_bound(&self.min, false)
+    }
+
+    /// The ceiling, parsed.
+    pub fn max_bound(&self) -> Result<Bound, BoundError> {
+        parse_bound(&self.max, true)
+    }
+}
+
+impl SafeRolloutSpec {
+    /// A spec for `daemonset` with every default.
+    pub fn for_daemonset(daemonset: impl Into<String>) -> Self {
+        Self {
+            target_ref: TargetRef {
+                name: daemonset.into(),
+            },
+            template: None,
+            canary: None,
+            stages: None,
+            max_unavailable: default_max_unavailable(),
+            progress_deadline: default_progress_deadline(),
+            gates: None,
+            paused: false,
+        }
+    }
+
+    /// The stages to run: `spec.stages`, or [`default_stages`] when absent,
+    /// followed by a `"100%"` stage when the last one does not say `"100%"`
+    /// (with a count as last stage, that final stage may find no node left,
+    /// and then completes at once).
+    pub fn effective_stages(&self) -> Vec<Stage> {
+        let mut stages = match &self.stages {
+            Some(s) if !s.is_empty() => s.clone(),
+            _ => default_stages(),
+        };
+        if !stages.last().is_some_and(Stage::is_full) {
+            stages.push(Stage::new(IntOrString::String("100%".into())));
+        }
+        stages
+    }
+
+    /// `spec.template` as a typed PodTemplateSpec (`None` when absent).
+    pub fn typed_template(&self) -> Result<Option<PodTemplateSpec>, serde_json::Error> {
+        self.template
+            .clone()
+            .map(serde_json::from_value)
+            .transpose()
+    }
+
+    /// Sets `spec.template` from a typed PodTemplateSpec.
+    pub fn set_template(&mut self, template: &PodTemplateSpec) -> Result<(), serde_json::Error> {
+        self.template = Some(serde_json::to_value(template)?);
+        Ok(())
+    }
+
+    /// `spec.progressDeadline`, parsed.
+    pub fn progress_deadline_duration(&self) -> Result<Duration, DurationError> {
+        self.progress_deadline.to_std()
+    }
+
+    /// The podsReady timeout: `gates.podsReady.timeout`, else `progressDeadline`.
+    pub fn pods_ready_timeout(&self) -> Result<Duration, DurationError> {
+        match self
+            .gates
+            .as_ref()
+            .and_then(|g| g.pods_ready.as_ref())
+            .and_then(|p| p.timeout.as_ref())
+        {
+            Some(t) => t.to_std(),
+            None => self.progress_deadline_duration(),
+        }
+    }
+
+    /// The allocatable gates (empty when none).
+    pub fn allocatable_gates(&self) -> &[AllocatableGate] {
+        self.gates
+            .as_ref()
+            .map(|g| g.allocatable.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+impl SafeRollout {
+    /// `spec.template` as a typed PodTemplateSpec; see [`SafeRolloutSpec::typed_template`].
+    pub fn typed_template(&self) -> Result<Option<PodTemplateSpec>, serde_json::Error> {
+        self.spec.typed_template()
+    }
+}

@@ -1,0 +1,301 @@
+//! The SafeRollout status, written only by the operator. Every field is
+//! optional. Maps are BTreeMaps so that the serialised status is deterministic;
+//! the operator keeps its vectors sorted (stages by index, gate results in
+//! evaluation order, blocked revisions by time).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema;
+
+/// Observed state of a SafeRollout.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SafeRolloutStatus {
+    /// The metadata.generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Summary of where the rollout is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Ready, Progressing and Degraded (kstatus-compatible).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_type)]
+    pub conditions: Vec<Condition>,
+
+    /// The revision (controller-revision-hash) that ran on every node before
+    /// the current rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_revision: Option<String>,
+
+    /// The revision (controller-revision-hash) being rolled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_revision: Option<String>,
+
+    /// Revisions that were reverted. A blocked revision is not rolled out again
+    /// until the spec changes or a person retries it (annotation
+    /// saferollout.dev/retry=<revision>).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_revision)]
+    pub blocked_revisions: Vec<BlockedRevision>,
+
+    /// Index (0-based) of the stage in progress in the effective stage list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_stage: Option<i32>,
+
+    /// Stages of the current rollout, by index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_index)]
+    pub stages: Vec<StageStatus>,
+
+    /// The template recorded as good before anything changed: a revert
+    /// restores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good_template: Option<LastGoodTemplate>,
+
+    /// The DaemonSet's update strategy before the operator set it to OnDelete;
+    /// restored when the SafeRollout is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_update_strategy: Option<DaemonSetUpdateStrategy>,
+
+    /// The last value of the retry annotation the operator acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_retry: Option<String>,
+
+    /// A human-readable summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Summary of where a rollout is: Pending (nothing started), Progressing,
+/// Paused, Succeeded, RollingBack, Degraded (a gate failed, a revert
+/// completed), Failed (the operator cannot proceed without a person).
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    JsonSchema,
+)]
+pub enum Phase {
+    #[default]
+    Pending,
+    Progressing,
+    Paused,
+    Succeeded,
+    RollingBack,
+    Degraded,
+    Failed,
+}
+
+/// State of one stage.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    JsonSchema,
+)]
+pub enum StageState {
+    #[default]
+    Pending,
+    Replacing,
+    Verifying,
+    Soaking,
+    Paused,
+    Passed,
+    Failed,
+}
+
+/// Verdict of one gate.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    JsonSchema,
+)]
+pub enum GateStatus {
+    #[default]
+    Pending,
+    Passed,
+    Failed,
+}
+
+macro_rules! enum_str {
+    ($ty:ident { $($variant:ident),* $(,)? }) => {
+        impl $ty {
+            /// The name as serialised.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => stringify!($variant),)*
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+enum_str!(Phase {
+    Pending,
+    Progressing,
+    Paused,
+    Succeeded,
+    RollingBack,
+    Degraded,
+    Failed
+});
+enum_str!(StageState {
+    Pending,
+    Replacing,
+    Verifying,
+    Soaking,
+    Paused,
+    Passed,
+    Failed
+});
+enum_str!(GateStatus {
+    Pending,
+    Passed,
+    Failed
+});
+
+/// A revision that was reverted and is not rolled out again without a retry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedRevision {
+    /// The controller-revision-hash.
+    pub revision: String,
+    /// CamelCase reason, e.g. GateFailed.
+    #[serde(default)]
+    pub reason: String,
+    /// Details: which gate failed where.
+    #[serde(default)]
+    pub message: String,
+    /// When `spec.template` was the source: the hash of that template, so the
+    /// same spec is not applied again (the `saferollout.dev/template-hash`
+    /// annotation on the DaemonSet's pod template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    /// When the revision was blocked.
+    pub blocked_at: Time,
+}
+
+/// Progress of one stage.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageStatus {
+    /// Index (0-based) in the effective stage list.
+    pub index: i32,
+    /// Nodes this stage took (not those of earlier stages), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Pending, Replacing, Verifying, Soaking, Paused, Passed or Failed.
+    #[serde(default)]
+    pub state: StageState,
+    /// When the stage started replacing pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When every gate first passed (the soak runs from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<Time>,
+    /// The latest verdict of each gate on this stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<GateResult>,
+    /// Per node, per resource: allocatable captured before the stage touched
+    /// the node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub baseline: BTreeMap<String, BTreeMap<String, i64>>,
+}
+
+/// The verdict of one gate on one stage.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GateResult {
+    /// Gate name: podsReady, allocatable/<resource>, ...
+    pub gate: String,
+    /// Pending (not decided yet), Passed or Failed.
+    #[serde(default)]
+    pub status: GateStatus,
+    /// CamelCase reason, e.g. CrashLoopBackOff, BelowMinimum.
+    #[serde(default)]
+    pub reason: String,
+    /// Human-readable details.
+    #[serde(default)]
+    pub message: String,
+    /// The node the verdict is about, when it is about one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What was observed, e.g. "0".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
+    /// What was expected, e.g. ">= 8".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+    /// Since when the gate has observed what `reason` says (soak times count
+    /// from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+}
+
+/// The template recorded as good before a rollout changed anything.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastGoodTemplate {
+    /// Name of the ControllerRevision holding the template.
+    pub controller_revision: String,
+    /// Its controller-revision-hash.
+    pub revision: String,
+}
+
+impl SafeRolloutStatus {
+    /// The condition of type `type_`, if present.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Whether `revision` is blocked.
+    pub fn is_blocked(&self, revision: &str) -> bool {
+        self.blocked_revisions
+            .iter()
+            .any(|b| b.revision == revision)
+    }
+
+    /// The status of stage `index`, if recorded.
+    pub fn stage(&self, index: i32) -> Option<&StageStatus> {
+        self.stages.iter().find(|s| s.index == index)
+    }
+}

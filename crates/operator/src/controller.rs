@@ -1,0 +1,826 @@
+//! The SafeRollout controller: dereference (read the caches), decide (pure,
+//! [`crate::rollout`]), update status, then act. Only the first and the last
+//! two steps touch the API.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, Resource, ResourceExt};
+use saferollout_api::{
+    FIELD_MANAGER, FINALIZER, GateStatus, LastGoodTemplate, MANAGED_BY, MANAGED_BY_LABEL, Phase, RETRY_ANNOTATION,
+    ROLLOUT_LABEL, STAGE_LABEL, SafeRollout, SafeRolloutStatus,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::gates::{AgentPod, NodeState};
+use crate::metrics::{GateLabels, Metrics, RolloutLabels};
+use crate::rollout::{self, Action, DaemonSetView, NodeInfo, Observed};
+
+/// Annotation a person sets to approve a paused stage; the value is the stage index.
+pub const APPROVE_ANNOTATION: &str = "saferollout.dev/approve";
+/// Annotation on the DaemonSet's pod template: the hash of the `spec.template` it was written from.
+pub const TEMPLATE_HASH_ANNOTATION: &str = "saferollout.dev/template-hash";
+/// Label on the last-good backup ControllerRevision: the DaemonSet revision it holds.
+pub const BACKUP_REVISION_LABEL: &str = "saferollout.dev/revision";
+const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer error: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("serialization error: {0}")]
+    Serde(#[from] serde_json::Error),
+    #[error("the last good template is missing: {0}")]
+    MissingBackup(String),
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> String {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => format!("api_{}", s.reason.to_lowercase()),
+            Error::Kube(_) => "kube".into(),
+            Error::Finalizer(_) => "finalizer".into(),
+            Error::Serde(_) => "serde".into(),
+            Error::MissingBackup(_) => "missing_backup".into(),
+            Error::MissingField(_) => "missing_field".into(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The caches every reconcile reads from: shared reflectors, no LISTs per reconcile.
+#[derive(Clone)]
+pub struct Stores {
+    pub daemonsets: Store<DaemonSet>,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub revisions: Store<ControllerRevision>,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub stores: Stores,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A label value identifying a SafeRollout on nodes (`<namespace>.<name>`, hashed when too long).
+pub fn rollout_id(namespace: &str, name: &str) -> String {
+    let id = format!("{namespace}.{name}");
+    if id.len() <= 63 {
+        return id;
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    format!("{}-{}", &id[..40], &hex(&digest)[..16])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A stable hash of a JSON value (keys sorted at every level).
+pub fn template_hash(value: &serde_json::Value) -> String {
+    fn canonical(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<_> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for k in keys {
+                    out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                    out.push(':');
+                    canonical(&m[k], out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push('[');
+                for x in a {
+                    canonical(x, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut s = String::new();
+    canonical(value, &mut s);
+    hex(&Sha256::digest(s.as_bytes()))[..16].to_string()
+}
+
+fn backup_name(sr: &str, revision: &str) -> String {
+    format!("{sr}-last-good-{revision}")
+}
+
+fn owned_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references.iter().flatten().any(|o| o.uid == uid)
+}
+
+/// The pod template a DaemonSet ControllerRevision holds (`data.spec.template`).
+fn revision_template(cr: &ControllerRevision) -> Option<serde_json::Value> {
+    let mut t = cr.data.0.get("spec")?.get("template")?.clone();
+    if let Some(m) = t.as_object_mut() {
+        m.remove("$patch");
+    }
+    Some(t)
+}
+
+fn agent_pod(p: &Pod) -> Option<AgentPod> {
+    let spec = p.spec.as_ref()?;
+    let node = spec.node_name.clone()?;
+    let status = p.status.as_ref();
+    let waiting = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.waiting.clone());
+    let restarts = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| c.restart_count)
+        .max()
+        .unwrap_or(0);
+    Some(AgentPod {
+        name: p.name_any(),
+        node,
+        revision: p.labels().get(REVISION_HASH_LABEL).cloned().unwrap_or_default(),
+        running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        deleting: p.metadata.deletion_timestamp.is_some(),
+        waiting_reason: waiting.as_ref().and_then(|w| w.reason.clone()),
+        waiting_message: waiting.and_then(|w| w.message),
+        restarts,
+    })
+}
+
+fn quantity_as_count(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<i64> {
+    q.0.trim().parse().ok()
+}
+
+/// Label selector matching (matchLabels and matchExpressions).
+pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = sel.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => labels.contains_key(&e.key),
+            "DoesNotExist" => !labels.contains_key(&e.key),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
+}
+
+pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeue> {
+    let started = Instant::now();
+    let ns = sr.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, sr, |event| async {
+        match event {
+            Finalizer::Apply(sr) => apply(&sr, &ctx).await,
+            Finalizer::Cleanup(sr) => cleanup(&sr, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics.observe_reconcile(started.elapsed());
+    result
+}
+
+pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    warn!(namespace = ?sr.namespace(), name = %sr.name_any(), %error, "reconcile failed");
+    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabels { error: error.metric_label() }).inc();
+    // Conflicts resolve on the next pass with fresh caches; anything else backs off.
+    match error {
+        Error::Kube(kube::Error::Api(s)) if s.code == 409 => Requeue::requeue(Duration::from_millis(200)),
+        _ => Requeue::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// Everything `apply` read from the caches.
+struct World {
+    ds: Option<Arc<DaemonSet>>,
+    view: Option<DaemonSetView>,
+    pods: BTreeMap<String, Vec<AgentPod>>,
+    nodes: BTreeMap<String, NodeInfo>,
+    labelled: BTreeSet<String>,
+    backup: Option<Arc<ControllerRevision>>,
+}
+
+fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
+    let ds = ctx.stores.daemonsets.get(&ObjectRef::new(&sr.spec.target_ref.name).within(ns));
+    let ds_uid = ds.as_ref().and_then(|d| d.metadata.uid.clone()).unwrap_or_default();
+    let revisions: Vec<Arc<ControllerRevision>> = ctx
+        .stores
+        .revisions
+        .state()
+        .into_iter()
+        .filter(|cr| cr.metadata.namespace.as_deref() == Some(ns))
+        .collect();
+    let view = ds.as_ref().map(|d| {
+        let own: Vec<&Arc<ControllerRevision>> =
+            revisions.iter().filter(|cr| !ds_uid.is_empty() && owned_by(&cr.metadata, &ds_uid)).collect();
+        let current = own.iter().max_by_key(|cr| cr.revision).and_then(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned());
+        DaemonSetView {
+            generation: d.metadata.generation.unwrap_or(0),
+            observed_generation: d.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0),
+            update_strategy: d.spec.update_strategy.clone(),
+            current_revision: current,
+            template_source: d
+                .spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(TEMPLATE_HASH_ANNOTATION).cloned()),
+            known_revisions: own.iter().filter_map(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned()).collect(),
+        }
+    });
+    let mut pods: BTreeMap<String, Vec<AgentPod>> = BTreeMap::new();
+    if !ds_uid.is_empty() {
+        for p in ctx.stores.pods.state() {
+            if p.metadata.namespace.as_deref() == Some(ns)
+                && owned_by(&p.metadata, &ds_uid)
+                && let Some(a) = agent_pod(&p)
+            {
+                pods.entry(a.node.clone()).or_default().push(a);
+            }
+        }
+    }
+    let canary = sr.spec.canary.as_ref().and_then(|c| c.node_selector.as_ref());
+    let mut nodes = BTreeMap::new();
+    let mut labelled = BTreeSet::new();
+    for n in ctx.stores.nodes.state() {
+        let labels = n.labels().clone();
+        if labels.get(ROLLOUT_LABEL).map(String::as_str) == Some(id) {
+            labelled.insert(n.name_any());
+        }
+        let allocatable = n
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .map(|a| a.iter().filter_map(|(k, q)| Some((k.clone(), quantity_as_count(q)?))).collect())
+            .unwrap_or_default();
+        nodes.insert(
+            n.name_any(),
+            NodeInfo {
+                zone: labels.get(ZONE_LABEL).cloned(),
+                canary_eligible: canary.is_none_or(|sel| selector_matches(sel, &labels)),
+                state: NodeState { allocatable, labels },
+            },
+        );
+    }
+    let stable = sr.status.as_ref().and_then(|s| s.stable_revision.clone());
+    let backup = stable.and_then(|rev| {
+        revisions.iter().find(|cr| cr.name_any() == backup_name(&sr.name_any(), &rev)).cloned()
+    });
+    World { ds, view, pods, nodes, labelled, backup }
+}
+
+async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
+    let ns = sr.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = sr.name_any();
+    let id = rollout_id(&ns, &name);
+    let world = dereference(sr, ctx, &ns, &id);
+    let status = sr.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+
+    // Validate what the schema cannot: spec.template must be a pod template.
+    let spec_template = match sr.spec.typed_template() {
+        Ok(t) => t.map(|_| sr.spec.template.clone().unwrap_or_default()),
+        Err(e) => {
+            let mut st = status.clone();
+            st.observed_generation = sr.metadata.generation;
+            let msg = format!("spec.template is not a valid pod template: {e}");
+            st.phase = Some(Phase::Failed);
+            st.message = Some(msg.clone());
+            for t in [crate::conditions::READY, crate::conditions::PROGRESSING] {
+                crate::conditions::set(&mut st.conditions, t, false, "InvalidTemplate", msg.clone(), sr.metadata.generation, now);
+            }
+            write_status(sr, ctx, &status, &st).await?;
+            return Ok(Requeue::await_change());
+        }
+    };
+    let spec_hash = spec_template.as_ref().map(template_hash);
+    let gated: Vec<String> = sr.spec.allocatable_gates().iter().map(|g| g.resource.clone()).collect();
+    let backup_revision = world.backup.as_ref().and_then(|b| b.labels().get(BACKUP_REVISION_LABEL).cloned());
+    let annotations = sr.annotations();
+    let observed = Observed {
+        spec: &sr.spec,
+        generation: sr.metadata.generation,
+        status: &status,
+        retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
+        approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
+        daemonset: world.view.as_ref(),
+        spec_template_hash: spec_hash.as_deref(),
+        backup_revision: backup_revision.as_deref(),
+        pods: &world.pods,
+        nodes: &world.nodes,
+        labelled_nodes: &world.labelled,
+        gated_resources: &gated,
+        now,
+    };
+    let decision = rollout::decide(&observed);
+    let mut new_status = decision.status;
+    if let Some(b) = &backup_revision {
+        new_status.last_good_template = Some(LastGoodTemplate {
+            controller_revision: backup_name(&name, b),
+            revision: b.clone(),
+        });
+    }
+
+    record_metrics(ctx, &ns, &name, &status, &new_status);
+    // Status first: the plan and baselines are durable before any node is touched.
+    write_status(sr, ctx, &status, &new_status).await?;
+
+    let mut template_error = None;
+    for action in &decision.actions {
+        match perform(sr, ctx, &ns, &id, &world, spec_template.as_ref(), spec_hash.as_deref(), action).await {
+            Ok(()) => {}
+            // The API server refused the template: a condition, not a retry loop.
+            Err(Error::Kube(kube::Error::Api(s)))
+                if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
+            {
+                template_error = Some(s.message.clone());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(msg) = template_error {
+        let mut st = new_status.clone();
+        let msg = format!("the API server rejected spec.template for DaemonSet {}: {msg}", sr.spec.target_ref.name);
+        st.phase = Some(Phase::Failed);
+        st.message = Some(msg.clone());
+        for t in [crate::conditions::READY, crate::conditions::PROGRESSING] {
+            crate::conditions::set(&mut st.conditions, t, false, "InvalidTemplate", msg.clone(), sr.metadata.generation, now);
+        }
+        write_status(sr, ctx, &new_status, &st).await?;
+        return Ok(Requeue::await_change());
+    }
+    Ok(match decision.requeue_after {
+        Some(d) => Requeue::requeue(d),
+        None => Requeue::await_change(),
+    })
+}
+
+fn record_metrics(ctx: &Context, ns: &str, name: &str, old: &SafeRolloutStatus, new: &SafeRolloutStatus) {
+    let m = &ctx.metrics;
+    m.set_phase(ns, name, new.phase.as_ref().unwrap_or(&Phase::Pending));
+    m.set_stage(ns, name, if new.phase == Some(Phase::Progressing) { new.current_stage } else { None });
+    let labels = RolloutLabels { namespace: ns.into(), name: name.into() };
+    if new.blocked_revisions.len() > old.blocked_revisions.len() {
+        m.rollbacks.get_or_create(&labels).inc();
+        let failed = new.stages.iter().flat_map(|s| s.gates.iter()).find(|g| g.status == GateStatus::Failed);
+        if let Some(g) = failed {
+            m.gate_failures
+                .get_or_create(&GateLabels {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    gate: g.gate.clone(),
+                    reason: g.reason.clone(),
+                })
+                .inc();
+        }
+    }
+    let passed = |s: &SafeRolloutStatus| {
+        s.stages.iter().filter(|st| st.state == saferollout_api::StageState::Passed).count()
+    };
+    if passed(new) > passed(old) && new.target_revision == old.target_revision {
+        m.stages_passed.get_or_create(&labels).inc_by((passed(new) - passed(old)) as u64);
+    }
+    if new.phase == Some(Phase::Succeeded) && old.phase != Some(Phase::Succeeded) && old.target_revision.is_some() {
+        m.rollouts_succeeded.get_or_create(&labels).inc();
+    }
+}
+
+/// Writes status with server-side apply when it changed (fields that became
+/// empty are removed, which a merge patch would not do).
+async fn write_status(sr: &SafeRollout, ctx: &Context, old: &SafeRolloutStatus, new: &SafeRolloutStatus) -> Result<()> {
+    if old == new && sr.status.is_some() {
+        return Ok(());
+    }
+    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &sr.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": saferollout_api::API_VERSION,
+        "kind": saferollout_api::KIND,
+        "status": new,
+    });
+    api.patch_status(&sr.name_any(), &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(patch)).await?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn perform(
+    sr: &SafeRollout,
+    ctx: &Context,
+    ns: &str,
+    id: &str,
+    world: &World,
+    spec_template: Option<&serde_json::Value>,
+    spec_hash: Option<&str>,
+    action: &Action,
+) -> Result<()> {
+    let client = &ctx.client;
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let ds_name = &sr.spec.target_ref.name;
+    let rv = world.ds.as_ref().and_then(|d| d.metadata.resource_version.clone()).unwrap_or_default();
+    // Every DaemonSet write is conditional on the version we decided from, so
+    // a concurrent edit by a person is never overwritten silently (409 -> retry
+    // with fresh caches, where the conflict is detected).
+    let guarded = |ops: serde_json::Value| -> Result<Patch<serde_json::Value>> {
+        let mut all = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
+        all.extend(ops.as_array().cloned().unwrap_or_default());
+        Ok(Patch::Json(serde_json::from_value(serde_json::Value::Array(all))?))
+    };
+    match action {
+        Action::TakeOverUpdates => {
+            info!(%ns, daemonset = %ds_name, "setting updateStrategy OnDelete");
+            let p = guarded(json!([{"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}]))?;
+            dss.patch(ds_name, &PatchParams::default(), &p).await?;
+        }
+        Action::ApplySpecTemplate => {
+            let mut t = spec_template.cloned().unwrap_or_default();
+            let meta = t.as_object_mut().map(|m| m.entry("metadata").or_insert_with(|| json!({})));
+            if let Some(meta) = meta.and_then(|m| m.as_object_mut()) {
+                let ann = meta.entry("annotations").or_insert_with(|| json!({}));
+                if let Some(a) = ann.as_object_mut() {
+                    a.insert(TEMPLATE_HASH_ANNOTATION.into(), json!(spec_hash.unwrap_or_default()));
+                }
+            }
+            info!(%ns, daemonset = %ds_name, hash = ?spec_hash, "writing spec.template to the DaemonSet");
+            let p = guarded(json!([{"op": "replace", "path": "/spec/template", "value": t}]))?;
+            dss.patch(ds_name, &PatchParams::default(), &p).await?;
+        }
+        Action::RestoreLastGood => {
+            let backup = world.backup.as_ref().ok_or_else(|| Error::MissingBackup(backup_name(&sr.name_any(), "?")))?;
+            let t = backup
+                .data
+                .0
+                .get("template")
+                .cloned()
+                .ok_or_else(|| Error::MissingBackup(backup.name_any()))?;
+            info!(%ns, daemonset = %ds_name, backup = %backup.name_any(), "restoring the last good template");
+            let p = guarded(json!([{"op": "replace", "path": "/spec/template", "value": t}]))?;
+            dss.patch(ds_name, &PatchParams::default(), &p).await?;
+        }
+        Action::BackupTemplate { revision } => backup_template(sr, ctx, ns, world, revision).await?,
+        Action::LabelNodes { nodes, stage } => {
+            let api: Api<Node> = Api::all(client.clone());
+            for n in nodes {
+                let p = json!({"metadata": {"labels": {STAGE_LABEL: stage.to_string(), ROLLOUT_LABEL: id}}});
+                match api.patch(n, &PatchParams::default(), &Patch::Merge(p)).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {} // node vanished; the next pass notices
+                    r => {
+                        r?;
+                    }
+                }
+            }
+        }
+        Action::UnlabelNodes { nodes } => {
+            let api: Api<Node> = Api::all(client.clone());
+            for n in nodes {
+                let p = json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}});
+                match api.patch(n, &PatchParams::default(), &Patch::Merge(p)).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    r => {
+                        r?;
+                    }
+                }
+            }
+        }
+        Action::DeletePods { pods } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+            for (pod, node) in pods {
+                info!(%ns, %pod, %node, "replacing agent pod");
+                match api.delete(pod, &DeleteParams::default()).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    r => {
+                        r?;
+                    }
+                }
+            }
+        }
+        Action::Event { warning, reason, message } => {
+            if *warning {
+                warn!(%ns, name = %sr.name_any(), %reason, %message);
+            } else {
+                info!(%ns, name = %sr.name_any(), %reason, %message);
+            }
+            let ev = KubeEvent {
+                type_: if *warning { EventType::Warning } else { EventType::Normal },
+                reason: reason.clone(),
+                note: Some(message.chars().take(1000).collect()),
+                action: "Rollout".into(),
+                secondary: None,
+            };
+            // Events are best effort: losing one must not stall a revert.
+            if let Err(e) = ctx.recorder.publish(&ev, &sr.object_ref(&())).await {
+                warn!(%e, "publishing event failed");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies the DaemonSet's template of `revision` into a ControllerRevision
+/// owned by the SafeRollout, then drops older backups.
+async fn backup_template(sr: &SafeRollout, ctx: &Context, ns: &str, world: &World, revision: &str) -> Result<()> {
+    let ds = world.ds.as_ref().ok_or(Error::MissingField("target DaemonSet"))?;
+    let ds_uid = ds.metadata.uid.clone().unwrap_or_default();
+    let all = ctx.stores.revisions.state();
+    let source = all
+        .iter()
+        .filter(|cr| cr.metadata.namespace.as_deref() == Some(ns) && owned_by(&cr.metadata, &ds_uid))
+        .find(|cr| cr.labels().get(REVISION_HASH_LABEL).map(String::as_str) == Some(revision))
+        .ok_or_else(|| Error::MissingBackup(format!("DaemonSet revision {revision}")))?;
+    let template = revision_template(source).ok_or_else(|| Error::MissingBackup(source.name_any()))?;
+    // Refuse a template that is not a pod template rather than back up garbage.
+    let _: PodTemplateSpec = serde_json::from_value(template.clone())?;
+    let name = backup_name(&sr.name_any(), revision);
+    let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), ns);
+    let cr = ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([
+                (ROLLOUT_LABEL.to_string(), rollout_id(ns, &sr.name_any())),
+                (BACKUP_REVISION_LABEL.to_string(), revision.to_string()),
+                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+            ])),
+            owner_references: Some(vec![OwnerReference {
+                controller: Some(true),
+                ..sr.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?
+            }]),
+            ..Default::default()
+        },
+        data: RawExtension(json!({"template": template, "daemonSet": ds.name_any()})),
+        revision: source.revision,
+    };
+    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &cr).await {
+        Ok(_) => info!(%ns, backup = %name, "recorded the last good template"),
+        Err(kube::Error::Api(s)) if s.code == 409 => {} // already recorded (ControllerRevision data is immutable)
+        Err(e) => return Err(e.into()),
+    }
+    let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
+    for old in all.iter().filter(|cr| {
+        cr.metadata.namespace.as_deref() == Some(ns) && owned_by(&cr.metadata, &sr_uid) && cr.name_any() != name
+    }) {
+        match api.delete(&old.name_any(), &DeleteParams::default()).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            r => {
+                r?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The SafeRollout is being deleted: give the DaemonSet back to its own
+/// controller. Pods keep running whatever they run; the original update
+/// strategy (usually RollingUpdate) then converges them on the DaemonSet's
+/// current template. Labels go; backups are garbage-collected with the owner.
+async fn cleanup(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
+    let ns = sr.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = sr.name_any();
+    let id = rollout_id(&ns, &name);
+    let world = dereference(sr, ctx, &ns, &id);
+    let original = sr.status.as_ref().and_then(|s| s.original_update_strategy.clone());
+    if let (Some(_), Some(original)) = (&world.ds, original) {
+        let dss: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
+        let value = serde_json::to_value(&original)?;
+        let p: Patch<serde_json::Value> = Patch::Json(serde_json::from_value(
+            json!([{"op": "replace", "path": "/spec/updateStrategy", "value": value}]),
+        )?);
+        match dss.patch(&sr.spec.target_ref.name, &PatchParams::default(), &p).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            r => {
+                r?;
+            }
+        }
+        info!(%ns, %name, "restored the DaemonSet's original update strategy");
+    }
+    let nodes: Vec<String> = world.labelled.iter().cloned().collect();
+    if !nodes.is_empty() {
+        perform(sr, ctx, &ns, &id, &world, None, None, &Action::UnlabelNodes { nodes }).await?;
+    }
+    ctx.metrics.forget(&ns, &name);
+    Ok(Requeue::await_change())
+}
+
+/// A node change worth waking rollouts for: labels, allocatable, existence.
+fn node_fingerprint(n: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    n.metadata.labels.hash(&mut h);
+    if let Some(a) = n.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+        for (k, v) in a {
+            k.hash(&mut h);
+            v.0.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// Builds and runs the controller until shutdown.
+pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<String>) -> anyhow::Result<()> {
+    let srs: Api<SafeRollout> = match &watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    // Fail early with a clear message when the CRD is not installed (the
+    // operator never installs it itself: that is the deployer's job).
+    if let Err(e) = srs.list(&kube::api::ListParams::default().limit(1)).await {
+        anyhow::bail!("cannot list SafeRollouts ({e}); is deploy/crd.yaml applied and RBAC granted?");
+    }
+    let ds_api: Api<DaemonSet> = namespaced_or_all(&client, &watch_namespace);
+    let pod_api: Api<Pod> = namespaced_or_all(&client, &watch_namespace);
+    let cr_api: Api<ControllerRevision> = namespaced_or_all(&client, &watch_namespace);
+    let node_api: Api<Node> = Api::all(client.clone());
+
+    const BUF: usize = 1024;
+    let (ds_store, ds_writer) = reflector::store_shared(BUF);
+    let (pod_store, pod_writer) = reflector::store_shared(BUF);
+    let (node_store, node_writer) = reflector::store_shared(BUF);
+    let (cr_store, cr_writer) = reflector::store_shared(BUF);
+    let ds_sub = ds_writer.subscribe().expect("shared store");
+    let pod_sub = pod_writer.subscribe().expect("shared store");
+    let node_sub = node_writer.subscribe().expect("shared store");
+    let cr_sub = cr_writer.subscribe().expect("shared store");
+
+    // Only pods of DaemonSets (and StatefulSets) carry this label: the operator
+    // never caches the cluster's other pods.
+    let pod_cfg = watcher::Config::default().labels(REVISION_HASH_LABEL).any_semantic();
+    macro_rules! spawn_reflector {
+        ($api:expr, $cfg:expr, $writer:expr) => {
+            tokio::spawn(
+                watcher($api, $cfg)
+                    .default_backoff()
+                    .modify(|o| {
+                        o.managed_fields_mut().clear();
+                    })
+                    .reflect_shared($writer)
+                    .for_each(|_| futures::future::ready(())),
+            )
+        };
+    }
+    spawn_reflector!(ds_api, watcher::Config::default().any_semantic(), ds_writer);
+    spawn_reflector!(pod_api, pod_cfg, pod_writer);
+    spawn_reflector!(node_api, watcher::Config::default().any_semantic(), node_writer);
+    spawn_reflector!(cr_api, watcher::Config::default().any_semantic(), cr_writer);
+
+    let stores = Stores { daemonsets: ds_store, pods: pod_store, nodes: node_store, revisions: cr_store };
+    let recorder = Recorder::new(client.clone(), Reporter::from("saferollout-operator"));
+    let ctx = Arc::new(Context { client: client.clone(), stores: stores.clone(), recorder, metrics });
+
+    let controller = Controller::new(srs, watcher::Config::default().any_semantic());
+    let sr_store = controller.store();
+    let by_target = {
+        let sr_store = sr_store.clone();
+        move |ns: Option<String>, ds: String| {
+            sr_store
+                .state()
+                .into_iter()
+                .filter(|sr| sr.namespace() == ns && sr.spec.target_ref.name == ds)
+                .map(|sr| ObjectRef::from_obj(&*sr))
+                .collect::<Vec<_>>()
+        }
+    };
+    let ds_map = by_target.clone();
+    let pod_map = by_target.clone();
+    let ds_store_for_cr = stores.daemonsets.clone();
+    let cr_map = by_target.clone();
+    let all_active = {
+        let sr_store = sr_store.clone();
+        move || {
+            sr_store
+                .state()
+                .into_iter()
+                .filter(|sr| {
+                    let st = sr.status.as_ref();
+                    st.and_then(|s| s.target_revision.as_ref()) != st.and_then(|s| s.stable_revision.as_ref())
+                        || st.is_none_or(|s| s.phase != Some(Phase::Succeeded))
+                })
+                .map(|sr| ObjectRef::from_obj(&*sr))
+                .collect::<Vec<_>>()
+        }
+    };
+    // Nodes change often (heartbeats on old clusters, conditions): only labels and allocatable matter.
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let node_changes = node_sub.filter(move |n| {
+        let fp = node_fingerprint(n);
+        let changed = seen.insert(n.name_any(), fp) != Some(fp);
+        futures::future::ready(changed)
+    });
+
+    controller
+        .watches_shared_stream(ds_sub, move |ds| ds_map(ds.namespace(), ds.name_any()))
+        .watches_shared_stream(pod_sub, move |pod| {
+            let owner = pod.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.clone());
+            owner.map(|ds| pod_map(pod.namespace(), ds)).unwrap_or_default()
+        })
+        .watches_shared_stream(cr_sub, move |cr| {
+            let ns = cr.namespace();
+            let owner = cr.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.clone());
+            match owner {
+                Some(ds) if ds_store_for_cr.get(&ObjectRef::new(&ds).within(ns.as_deref().unwrap_or(""))).is_some() => {
+                    cr_map(ns, ds)
+                }
+                _ => Vec::new(),
+            }
+        })
+        .watches_shared_stream(node_changes, move |_n| all_active())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile result");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+fn namespaced_or_all<K>(client: &Client, ns: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_hash_ignores_key_order() {
+        let a = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"containers": []}});
+        let b = json!({"spec": {"containers": []}, "metadata": {"labels": {"b": "2", "a": "1"}}});
+        assert_eq!(template_hash(&a), template_hash(&b));
+        let c = json!({"spec": {"containers": [{"image": "x:2"}]}});
+        assert_ne!(template_hash(&a), template_hash(&c));
+        assert_eq!(template_hash(&a).len(), 16);
+    }
+
+    #[test]
+    fn rollout_id_fits_a_label_value() {
+        assert_eq!(rollout_id("gpu", "nvidia"), "gpu.nvidia");
+        let long = rollout_id(&"n".repeat(60), &"x".repeat(60));
+        assert!(long.len() <= 63, "{long}");
+        assert_ne!(long, rollout_id(&"n".repeat(60), &"y".repeat(60)));
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let labels: BTreeMap<String, String> =
+            [("zone".to_string(), "a".to_string()), ("canary".to_string(), "yes".to_string())].into();
+        let mut sel = LabelSelector { match_labels: Some([("canary".into(), "yes".into())].into()), ..Default::default() };
+        assert!(selector_matches(&sel, &labels));
+        sel.match_expressions = Some(vec![LabelSelectorRequirement {
+            key: "zone".into(),
+            operator: "In".into(),
+            values: Some(vec!["b".into()]),
+        }]);
+        assert!(!selector_matches(&sel, &labels));
+    }
+
+    #[test]
+    fn revision_template_strips_the_patch_directive() {
+        let cr = ControllerRevision {
+            data: RawExtension(json!({"spec": {"template": {"$patch": "replace", "spec": {"containers": []}}}})),
+            ..Default::default()
+        };
+        assert_eq!(revision_template(&cr), Some(json!({"spec": {"containers": []}})));
+    }
+}

@@ -1,0 +1,476 @@
+//! The operator against a real control plane (kube-apiserver, etcd,
+//! kube-controller-manager, kube-scheduler, KWOK nodes, the agent fixture).
+//!
+//! Each test runs the real operator binary, watching only the test's own
+//! namespace, and asserts the cluster's state. Tests share the cluster's nodes
+//! (stage labels live on nodes), so they run one at a time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus};
+use saferollout_testkit::{TestCluster, TestNamespace, cluster, repo_root, wait_for_all, wait_for_object};
+use serde_json::json;
+
+const GPUS: i64 = 8;
+const TIMEOUT: Duration = Duration::from_secs(120);
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The operator binary, running as a child process against the test cluster.
+struct Operator {
+    child: Child,
+    ns: String,
+}
+
+impl Operator {
+    fn start(c: &TestCluster, ns: &str) -> anyhow::Result<Self> {
+        let log = std::env::temp_dir().join(format!("saferollout-operator-{ns}.log"));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"))
+            .args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"])
+            .env("KUBECONFIG", c.kubeconfig())
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file))
+            .spawn()?;
+        eprintln!("operator for {ns} logs to {}", log.display());
+        Ok(Operator { child, ns: ns.into() })
+    }
+
+    /// SIGKILL: no graceful shutdown, as when a node dies.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        *self = Operator::start(cluster(), &self.ns)?;
+        Ok(())
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Env {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+    ns: TestNamespace,
+    client: Client,
+    op: Operator,
+    /// Each test advertises its own extended resource, so one test's
+    /// leftovers never satisfy another's gate.
+    resource: String,
+}
+
+async fn setup(name: &str) -> anyhow::Result<Env> {
+    let serial = SERIAL.lock().await;
+    let c = cluster();
+    c.kubectl(&["apply", "--server-side", "-f", &repo_root().join("deploy/crd.yaml").to_string_lossy()])?;
+    c.kubectl(&["wait", "--for=condition=Established", "crd/saferollouts.saferollout.dev", "--timeout=60s"])?;
+    let ns = c.namespace(name).await?;
+    let client = c.client().await?;
+    let op = Operator::start(c, &ns.name)?;
+    Ok(Env { _serial: serial, resource: format!("example.com/gpu-{name}"), ns, client, op })
+}
+
+fn agent_template(env: &Env, image: &str) -> serde_json::Value {
+    json!({
+        "metadata": {
+            "labels": {"app": "plugin", "sim.saferollout.dev/agent": "device-plugin"},
+            "annotations": {"sim.saferollout.dev/resource": env.resource}
+        },
+        "spec": {"containers": [{"name": "plugin", "image": image}]}
+    })
+}
+
+async fn create_plugin_daemonset(env: &Env, image: &str) -> anyhow::Result<()> {
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": agent_template(env, image)}
+    }))?;
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name).create(&PostParams::default(), &ds).await?;
+    wait_all_pods(env, |ps| ps.len() == 4 && ps.iter().all(|p| pod_ready(p) && image_of(p) == image)).await?;
+    let res = env.resource.clone();
+    wait_for_all(&Api::<Node>::all(env.client.clone()), watcher::Config::default(), TIMEOUT, move |ns| {
+        ns.iter().all(|n| allocatable(n, &res) == Some(GPUS))
+    })
+    .await?;
+    Ok(())
+}
+
+async fn create_rollout(env: &Env, spec: serde_json::Value) -> anyhow::Result<()> {
+    let sr: SafeRollout = serde_json::from_value(json!({
+        "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
+        "metadata": {"name": "plugin"}, "spec": spec
+    }))?;
+    srs(env).create(&PostParams::default(), &sr).await?;
+    Ok(())
+}
+
+fn srs(env: &Env) -> Api<SafeRollout> {
+    Api::namespaced(env.client.clone(), &env.ns.name)
+}
+
+fn default_spec(env: &Env, image: &str) -> serde_json::Value {
+    json!({
+        "targetRef": {"name": "plugin"},
+        "template": agent_template(env, image),
+        "stages": [{"nodes": 1}, {"nodes": "50%"}, {"nodes": "100%"}],
+        "progressDeadline": "3m",
+        "gates": {"allocatable": [{"resource": env.resource, "min": "baseline", "max": "baseline", "soak": "2s"}]}
+    })
+}
+
+async fn wait_all_pods(env: &Env, done: impl Fn(&[Arc<Pod>]) -> bool) -> anyhow::Result<Vec<Arc<Pod>>> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    wait_for_all(&pods, watcher::Config::default().labels("app=plugin"), TIMEOUT, |ps| {
+        let live: Vec<Arc<Pod>> = ps.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
+        done(&live)
+    })
+    .await
+}
+
+async fn wait_status(env: &Env, timeout: Duration, done: impl Fn(&SafeRolloutStatus) -> bool) -> anyhow::Result<SafeRolloutStatus> {
+    let sr = wait_for_object(&srs(env), "plugin", timeout, |sr| {
+        sr.and_then(|s| s.status.as_ref()).is_some_and(&done)
+    })
+    .await?
+    .expect("exists");
+    Ok(sr.status.unwrap())
+}
+
+fn condition<'a>(st: &'a SafeRolloutStatus, type_: &str) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    st.conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn image_of(p: &Pod) -> &str {
+    p.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref()).unwrap_or("")
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+fn allocatable(n: &Node, res: &str) -> Option<i64> {
+    n.status.as_ref()?.allocatable.as_ref()?.get(res)?.0.parse().ok()
+}
+
+/// Everything a test watches while the operator works, recorded with etcd
+/// resource versions (one global, monotonic sequence on this control plane)
+/// so the order of pod creations and status writes can be compared exactly.
+#[derive(Default)]
+struct Recorder {
+    /// (resourceVersion, node) of each agent pod created with `image`.
+    pods_created: Vec<(u64, String)>,
+    /// (resourceVersion, cumulative node count planned) of each status seen.
+    planned: Vec<(u64, usize)>,
+    /// First instant allocatable of the test's resource dropped below the baseline on some node.
+    first_drop: Option<Instant>,
+    /// First instant the DaemonSet's template went back to the good image.
+    restored: Option<Instant>,
+}
+
+fn rv(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Records pod creations of `image`, stage plans, allocatable drops and template restores until dropped.
+fn record(env: &Env, image: &str, good_image: &str) -> (Arc<Mutex<Recorder>>, tokio::task::JoinHandle<()>) {
+    let rec = Arc::new(Mutex::new(Recorder::default()));
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let srs = srs(env);
+    let (image, good, res) = (image.to_string(), good_image.to_string(), env.resource.clone());
+    let r = rec.clone();
+    let task = tokio::spawn(async move {
+        let mut seen_pods = BTreeSet::new();
+        let pod_stream = watcher(pods, watcher::Config::default().labels("app=plugin")).applied_objects().boxed();
+        let node_stream = watcher(nodes, watcher::Config::default()).applied_objects().boxed();
+        let ds_stream = watcher(dss, watcher::Config::default()).applied_objects().boxed();
+        let sr_stream = watcher(srs, watcher::Config::default()).applied_objects().boxed();
+        enum Ev {
+            Pod(Pod),
+            Node(Node),
+            Ds(DaemonSet),
+            Sr(SafeRollout),
+        }
+        let mut all = futures::stream::select_all(vec![
+            pod_stream.map_ok(Ev::Pod).boxed(),
+            node_stream.map_ok(Ev::Node).boxed(),
+            ds_stream.map_ok(Ev::Ds).boxed(),
+            sr_stream.map_ok(Ev::Sr).boxed(),
+        ]);
+        let mut ds_was_bad = false;
+        while let Some(ev) = all.next().await {
+            let Ok(ev) = ev else { continue };
+            let mut r = r.lock().unwrap();
+            match ev {
+                Ev::Pod(p) => {
+                    if image_of(&p) == image && seen_pods.insert(p.uid().unwrap_or_default()) {
+                        let created = p.metadata.resource_version.as_ref().map(|_| rv(&p.metadata)).unwrap_or(0);
+                        r.pods_created.push((created, node_of(&p)));
+                    }
+                }
+                Ev::Node(n) => {
+                    if r.first_drop.is_none() && allocatable(&n, &res).is_some_and(|a| a < GPUS) {
+                        r.first_drop = Some(Instant::now());
+                    }
+                }
+                Ev::Ds(d) => {
+                    let img = d.spec.template.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default();
+                    if img == image {
+                        ds_was_bad = true;
+                    } else if ds_was_bad && img == good && r.restored.is_none() {
+                        r.restored = Some(Instant::now());
+                    }
+                }
+                Ev::Sr(sr) => {
+                    if let Some(st) = &sr.status {
+                        let planned = st.stages.iter().map(|s| s.nodes.len()).sum();
+                        r.planned.push((rv(&sr.metadata), planned));
+                    }
+                }
+            }
+        }
+    });
+    (rec, task)
+}
+
+async fn set_template_image(env: &Env, image: &str) -> anyhow::Result<()> {
+    let patch = json!({"spec": {"template": agent_template(env, image)}});
+    srs(env).patch("plugin", &PatchParams::default(), &Patch::Merge(patch)).await?;
+    Ok(())
+}
+
+async fn wait_settled_healthy(env: &Env, image: &str) -> anyhow::Result<SafeRolloutStatus> {
+    let st = wait_status(env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && condition(st, "Ready").is_some_and(|c| c.status == "True")
+    })
+    .await?;
+    wait_all_pods(env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == image && pod_ready(p))).await?;
+    Ok(st)
+}
+
+#[tokio::test]
+async fn healthy_release_rolls_through_every_stage_within_bounds() -> anyhow::Result<()> {
+    let env = setup("healthy").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_plugin_daemonset(&env, v1).await?;
+    create_rollout(&env, default_spec(&env, v1)).await?;
+    let adopted = wait_settled_healthy(&env, v1).await?;
+    assert!(adopted.last_good_template.is_some(), "the last good template is recorded before any change");
+
+    let (rec, task) = record(&env, v2, v1);
+    set_template_image(&env, v2).await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision.is_some() && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    wait_all_pods(&env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))).await?;
+    task.abort();
+
+    assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
+    assert!(condition(&st, "Degraded").is_some_and(|c| c.status == "False"));
+    let sizes: Vec<usize> = st.stages.iter().map(|s| s.nodes.len()).collect();
+    assert_eq!(sizes, vec![1, 1, 2], "stages of 1, 50%, 100% of 4 nodes");
+    // At every moment, the nodes on the new revision never outnumber the
+    // nodes planned so far: each pod creation is checked against the status
+    // that was current (by etcd revision) when the pod was created.
+    let rec = rec.lock().unwrap();
+    assert_eq!(rec.pods_created.len(), 4, "each node replaced exactly once: {:?}", rec.pods_created);
+    for (i, (created, node)) in rec.pods_created.iter().enumerate() {
+        let planned = rec.planned.iter().filter(|(r, _)| r < created).map(|(_, n)| *n).max().unwrap_or(0);
+        assert!(i < planned, "pod #{} on {node} created at rv {created} while only {planned} nodes were planned", i + 1);
+    }
+    // Labels are gone and the operator still holds the DaemonSet's updates.
+    let nodes = Api::<Node>::all(env.client.clone()).list(&Default::default()).await?;
+    assert!(nodes.items.iter().all(|n| !n.labels().contains_key("saferollout.dev/stage")));
+    let ds = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name).get("plugin").await?;
+    assert_eq!(ds.spec.update_strategy.unwrap().type_.as_deref(), Some("OnDelete"));
+    Ok(())
+}
+
+/// Rolls `bad_image` and waits for the revert; returns the final status and what was recorded.
+async fn rolled_back(env: &Env, good: &str, bad: &str) -> anyhow::Result<(SafeRolloutStatus, Arc<Mutex<Recorder>>)> {
+    create_plugin_daemonset(env, good).await?;
+    create_rollout(env, default_spec(env, good)).await?;
+    wait_settled_healthy(env, good).await?;
+    let (rec, task) = record(env, bad, good);
+    set_template_image(env, bad).await?;
+    let st = wait_status(env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
+    wait_all_pods(env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == good && pod_ready(p))).await?;
+    let res = env.resource.clone();
+    wait_for_all(&Api::<Node>::all(env.client.clone()), watcher::Config::default(), TIMEOUT, move |ns| {
+        ns.iter().all(|n| allocatable(n, &res) == Some(GPUS))
+    })
+    .await?;
+    task.abort();
+    assert!(condition(&st, "Degraded").is_some_and(|c| c.status == "True"), "{st:#?}");
+    assert!(condition(&st, "Ready").is_some_and(|c| c.status == "False"));
+    assert_eq!(st.blocked_revisions.len(), 1);
+    assert_eq!(st.blocked_revisions[0].revision, st.target_revision.clone().unwrap());
+    let nodes = Api::<Node>::all(env.client.clone()).list(&Default::default()).await?;
+    assert!(nodes.items.iter().all(|n| !n.labels().contains_key("saferollout.dev/stage")));
+    Ok((st, rec))
+}
+
+#[tokio::test]
+async fn broken_release_is_reverted_at_the_canary() -> anyhow::Result<()> {
+    let env = setup("broken").await?;
+    let (st, rec) = rolled_back(&env, "registry.example/plugin:v1", "registry.example/plugin:v2-broken").await?;
+    let degraded = condition(&st, "Degraded").unwrap();
+    assert_eq!(degraded.reason, "AllocatableFailed");
+    assert!(degraded.message.contains("observed 0, expected >= 8"), "{}", degraded.message);
+    let rec = rec.lock().unwrap();
+    let touched: BTreeSet<&String> = rec.pods_created.iter().map(|(_, n)| n).collect();
+    assert_eq!(touched.len(), 1, "only the canary node got the broken release: {touched:?}");
+    assert!(degraded.message.contains(touched.iter().next().unwrap().as_str()));
+    if let (Some(drop), Some(restored)) = (rec.first_drop, rec.restored) {
+        eprintln!("MEASURE allocatable drop -> revert write: {:?}", restored.duration_since(drop));
+    }
+    // Blocked: the same spec is not tried again.
+    let ev = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.ns.name)
+        .list(&Default::default())
+        .await?;
+    assert!(ev.items.iter().any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("GateFailed")));
+    Ok(())
+}
+
+#[tokio::test]
+async fn overcounting_release_is_reverted_by_the_ceiling() -> anyhow::Result<()> {
+    let env = setup("overcount").await?;
+    let (st, _) = rolled_back(&env, "registry.example/plugin:v1", "registry.example/plugin:v2-overcount").await?;
+    let degraded = condition(&st, "Degraded").unwrap();
+    assert_eq!(degraded.reason, "AllocatableFailed");
+    assert_eq!(st.blocked_revisions[0].reason, "AboveMaximum");
+    assert!(degraded.message.contains("observed 16, expected <= 8"), "{}", degraded.message);
+    Ok(())
+}
+
+#[tokio::test]
+async fn crashlooping_release_is_reverted_well_before_the_deadline() -> anyhow::Result<()> {
+    let env = setup("crashloop").await?;
+    let started = Instant::now();
+    let (st, _) = rolled_back(&env, "registry.example/plugin:v1", "registry.example/plugin:v2-crashloop").await?;
+    assert_eq!(condition(&st, "Degraded").unwrap().reason, "PodsReadyFailed");
+    assert_eq!(st.blocked_revisions[0].reason, "CrashLoopBackOff");
+    assert!(started.elapsed() < Duration::from_secs(120), "progressDeadline is 3m; reverted in {:?}", started.elapsed());
+    Ok(())
+}
+
+#[tokio::test]
+async fn operator_killed_mid_stage_resumes_without_repeating_or_skipping() -> anyhow::Result<()> {
+    let mut env = setup("restart").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_plugin_daemonset(&env, v1).await?;
+    let mut spec = default_spec(&env, v1);
+    spec["stages"] = json!([{"nodes": 1, "soak": "3s"}, {"nodes": 2, "soak": "3s"}, {"nodes": "100%"}]);
+    create_rollout(&env, spec).await?;
+    let adopted = wait_settled_healthy(&env, v1).await?;
+    let (rec, task) = record(&env, v2, v1);
+    set_template_image(&env, v2).await?;
+    // Kill it while the second stage is under way.
+    let mid = wait_status(&env, TIMEOUT, |st| st.current_stage == Some(1) && st.stages.len() == 2).await?;
+    env.op.kill();
+    assert!(!env.op.is_running());
+    env.op.restart()?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    wait_all_pods(&env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))).await?;
+    task.abort();
+    // The plan made before the kill was kept, and every node was replaced exactly once.
+    assert_eq!(st.stages[0].nodes, mid.stages[0].nodes);
+    assert_eq!(st.stages[1].nodes, mid.stages[1].nodes);
+    let rec = rec.lock().unwrap();
+    let mut per_node: BTreeMap<&String, usize> = BTreeMap::new();
+    for (_, n) in &rec.pods_created {
+        *per_node.entry(n).or_default() += 1;
+    }
+    assert_eq!(per_node.len(), 4, "{per_node:?}");
+    assert!(per_node.values().all(|&c| c == 1), "a node was replaced twice: {per_node:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn missing_target_is_a_condition_not_a_crash() -> anyhow::Result<()> {
+    let mut env = setup("missing").await?;
+    let spec = json!({"targetRef": {"name": "no-such-daemonset"}});
+    let sr: SafeRollout = serde_json::from_value(json!({
+        "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout", "metadata": {"name": "plugin"}, "spec": spec
+    }))?;
+    srs(&env).create(&PostParams::default(), &sr).await?;
+    let st = wait_status(&env, TIMEOUT, |st| condition(st, "Ready").is_some_and(|c| c.reason == "TargetNotFound")).await?;
+    assert!(condition(&st, "Ready").unwrap().message.contains("no-such-daemonset"));
+    assert_eq!(st.phase, Some(Phase::Pending));
+    assert!(env.op.is_running(), "the operator must not crash");
+    // An invalid template is a condition too.
+    let bad = json!({"metadata": {"name": "bad"}, "spec": {"targetRef": {"name": "plugin"}, "template": {"spec": {"containers": "not-a-list"}}}});
+    let bad: SafeRollout = serde_json::from_value(json!({
+        "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout", "metadata": bad["metadata"], "spec": bad["spec"]
+    }))?;
+    srs(&env).create(&PostParams::default(), &bad).await?;
+    let st = wait_for_object(&srs(&env), "bad", TIMEOUT, |sr| {
+        sr.and_then(|s| s.status.as_ref()).is_some_and(|st| condition(st, "Ready").is_some_and(|c| c.reason == "InvalidTemplate"))
+    })
+    .await?
+    .unwrap()
+    .status
+    .unwrap();
+    assert!(condition(&st, "Ready").unwrap().message.contains("spec.template"));
+    assert!(env.op.is_running());
+    Ok(())
+}
+
+#[tokio::test]
+async fn malformed_saferollouts_are_rejected_naming_the_field() -> anyhow::Result<()> {
+    let c = cluster();
+    let _serial = SERIAL.lock().await;
+    c.kubectl(&["apply", "--server-side", "-f", &repo_root().join("deploy/crd.yaml").to_string_lossy()])?;
+    c.kubectl(&["wait", "--for=condition=Established", "crd/saferollouts.saferollout.dev", "--timeout=60s"])?;
+    let ns = c.namespace("malformed").await?;
+    let dir = repo_root().join("tests/malformed");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    files.sort();
+    assert!(files.len() >= 12, "the corpus has {} files", files.len());
+    for f in files {
+        let text = std::fs::read_to_string(&f)?;
+        let expect = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# expect: "))
+            .unwrap_or_else(|| panic!("{} has no '# expect:' line", f.display()))
+            .trim()
+            .to_string();
+        let err = c
+            .kubectl(&["create", "--dry-run=server", "-n", &ns.name, "-f", &f.to_string_lossy()])
+            .expect_err(&format!("{} was accepted", f.display()));
+        let msg = err.to_string();
+        assert!(msg.contains(&expect), "{}: expected {expect:?} in: {msg}", f.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! `saferollout-sim`: a test fixture that plays accelerator agents (device
+//! plugin, DRA driver) on KWOK-simulated nodes of a real kube-apiserver.
+//!
+//! KWOK simulates the kubelet for every pod except those labelled
+//! `sim.saferollout.dev/agent` (KWOK still completes the deletion of all
+//! pods). For those agent pods the sim is both their kubelet and the agent
+//! they run: it writes their status and, on their node, advertises devices
+//! the way a device plugin (through the kubelet device manager) or a DRA
+//! driver (through ResourceSlices) would, faulty or not as the image tag asks.
+//!
+//! # Conventions
+//!
+//! - Agent pods carry label `sim.saferollout.dev/agent` = `device-plugin` or
+//!   `dra-driver`.
+//! - Device-plugin resource name: pod annotation `sim.saferollout.dev/resource`,
+//!   default `example.com/gpu`.
+//! - DRA driver name: pod annotation `sim.saferollout.dev/driver`, default
+//!   `gpu.sim.saferollout.dev`.
+//! - Physical device count: node label `sim.saferollout.dev/devices` (integer;
+//!   missing/invalid = 0).
+//! - Fault = suffix of the image TAG of the pod's first container (tag = text
+//!   after the last ':' that comes after the last '/'; no tag = healthy):
+//!   - `-broken`: Running+Ready but advertises 0 devices / publishes no slices;
+//!   - `-overcount`: advertises 2x physical / publishes 2x devices;
+//!   - `-crashloop`: container never runs (containerStatuses
+//!     state.waiting.reason=CrashLoopBackOff, lastState.terminated exitCode 1
+//!     reason Error, restartCount rising every few seconds, pod Ready=False);
+//!     advertises nothing;
+//!   - `-unready`: container running but never Ready; still advertises
+//!     normally so only a readiness gate catches it;
+//!   - `-slow`: Ready and advertising only after `--slow-delay` (default 20s),
+//!     counted from when the sim first started the pod;
+//!   - `-flap`: Ready; advertises the physical count and 0 in turn, switching
+//!     every `--flap-period` (default 4s).
+//!
+//!   Anything else is healthy (Ready, advertises the physical count).
+//!
+//! # What the sim writes
+//!
+//! - Agent pod status (status subresource, strategic merge patch, field manager
+//!   `saferollout-sim`), only when it differs from what is there. The fault
+//!   applies to the first container; other containers run and are Ready, init
+//!   containers have completed (sidecars run). Ready also waits for the pod's
+//!   readiness gates, whose conditions the sim never writes. Deleting pods are
+//!   left to KWOK.
+//! - Node `status.capacity[resource]` / `status.allocatable[resource]` (JSON
+//!   merge patch of only those keys, field manager `saferollout-sim`), with
+//!   kubelet device-manager semantics: a registered plugin sets both to its
+//!   count; once no plugin runs, allocatable drops to 0 after `--status-delay`
+//!   and the resource disappears after `--endpoint-stop-grace`. Only nodes
+//!   where an agent pod runs or where the managed fields say the sim wrote the
+//!   resource are touched (the latter lets a restarted sim retire leftovers).
+//! - One `resource.k8s.io/v1` ResourceSlice per node and driver, named
+//!   `<node>-<driver with dots replaced by dashes>`, labelled
+//!   `sim.saferollout.dev/node=<node>`, owned by the Node, and annotated
+//!   `sim.saferollout.dev/publisher-pod-uid` with the driver pod whose
+//!   publication set the pool generation (so a restarted sim neither resets
+//!   nor needlessly bumps it). A `-flap` driver's off phase keeps the slice
+//!   with no devices; `-broken`, `-crashloop`, not-yet-ready `-slow` drivers
+//!   and absent drivers have no slice (deleted after `--status-delay`).
+//!
+//! The pure decision logic lives in [`model`]; the API glue (watchers, caches,
+//! writes, the reconcile loop) lives in [`cluster`].
+
+pub mod cli;
+pub mod cluster;
+pub mod model;
+
+/// Label that marks agent pods; its value says which agent the pod plays.
+pub const AGENT_LABEL: &str = "sim.saferollout.dev/agent";
+/// [`AGENT_LABEL`] value of device-plugin pods.
+pub const AGENT_DEVICE_PLUGIN: &str = "device-plugin";
+/// [`AGENT_LABEL`] value of DRA-driver pods.
+pub const AGENT_DRA_DRIVER: &str = "dra-driver";
+/// Pod annotation naming the extended resource a device plugin advertises.
+pub const RESOURCE_ANNOTATION: &str = "sim.saferollout.dev/resource";
+/// Extended resource advertised when [`RESOURCE_ANNOTATION`] is absent.
+pub const DEFAULT_RESOURCE: &str = "example.com/gpu";
+/// Pod annotation naming the DRA driver a driver pod plays.
+pub const DRIVER_ANNOTATION: &str = "sim.saferollout.dev/driver";
+/// DRA driver used when [`DRIVER_ANNOTATION`] is absent.
+pub const DEFAULT_DRIVER: &str = "gpu.sim.saferollout.dev";
+/// Node label holding the node's physical device count.
+pub const DEVICES_LABEL: &str = "sim.saferollout.dev/devices";
+/// Label on every ResourceSlice the sim publishes: the node it describes.
+pub const SLICE_NODE_LABEL: &str = "sim.saferollout.dev/node";
+/// Annotation on published ResourceSlices: UID of the driver pod that
+/// published the current pool generation, so a restarted sim knows whether a
+/// driver pod it finds is the same one or a replacement (which bumps the
+/// generation).
+pub const SLICE_PUBLISHER_ANNOTATION: &str = "sim.saferollout.dev/publisher-pod-uid";
+/// Field manager of every write the sim makes.
+pub const FIELD_MANAGER: &str = "saferollout-sim";

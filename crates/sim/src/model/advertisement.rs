@@ -1,0 +1,244 @@
+//! What a node advertises for one extended resource, following the kubelet
+//! device manager: a registered plugin sets capacity = allocatable = its
+//! device count; when its endpoint stops, allocatable drops to 0 at the next
+//! node-status update (`status_delay`) while capacity keeps the old count
+//! until `endpoint_stop_grace` has passed, after which the resource is
+//! removed from both.
+
+use jiff::Timestamp;
+
+use super::agent::Timings;
+use super::time::add;
+
+/// The simulated device manager's record of one resource's plugin endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A plugin is registered and reports `devices`.
+    Registered { devices: u64 },
+    /// The plugin endpoint stopped at `since`, having last reported `devices`.
+    Stopped { since: Timestamp, devices: u64 },
+}
+
+/// Advances the endpoint record to `now`.
+///
+/// `plugin_devices` is what the running plugin reports (`None`: no plugin).
+/// `owned_capacity` is the capacity the sim finds on the node for a resource
+/// it wrote there earlier; it stands in for a lost record after a restart of
+/// the sim, so a stale advertisement still goes through the grace period and
+/// gets removed.
+pub fn next_endpoint(
+    previous: Option<Endpoint>,
+    plugin_devices: Option<u64>,
+    owned_capacity: Option<u64>,
+    now: Timestamp,
+) -> Option<Endpoint> {
+    match (plugin_devices, previous) {
+        (Some(devices), _) => Some(Endpoint::Registered { devices }),
+        (None, Some(Endpoint::Registered { devices })) => Some(Endpoint::Stopped {
+            since: now,
+            devices,
+        }),
+        (None, Some(stopped @ Endpoint::Stopped { .. })) => Some(stopped),
+        (None, None) => owned_capacity.map(|devices| Endpoint::Stopped {
+            since: now,
+            devices,
+        }),
+    }
+}
+
+/// A resource's entries in node `status.capacity` / `status.allocatable`;
+/// `None` means the key is absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourceEntries {
+    pub capacity: Option<String>,
+    pub allocatable: Option<String>,
+}
+
+impl ResourceEntries {
+    fn both(devices: u64) -> Self {
+        Self {
+            capacity: Some(devices.to_string()),
+            allocatable: Some(devices.to_string()),
+        }
+    }
+}
+
+/// What the node should show for the resource, and when that changes next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdvertisementPlan {
+    pub entries: ResourceEntries,
+    pub next_change: Option<Timestamp>,
+    /// The record has run its course (the resource is gone from the node)
+    /// and can be dropped once the node shows `entries`.
+    pub finished: bool,
+}
+
+/// The node entries an endpoint record calls for at `now`.
+pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> AdvertisementPlan {
+    match *endpoint {
+        Endpoint::Registered { devices } => AdvertisementPlan {
+            entries: ResourceEntries::both(devices),
+            next_change: None,
+            finished: false,
+        },
+        Endpoint::Stopped { since, devices } => {
+            let zeroed_at = add(since, timings.status_delay);
+            let removed_at = add(since, timings.endpoint_stop_grace);
+            if now >= removed_at {
+                return AdvertisementPlan {
+                    entries: ResourceEntries::default(),
+                    next_change: None,
+                    finished: true,
+                };
+            }
+            let entries = if now >= zeroed_at {
+                ResourceEntries {
+                    capacity: Some(devices.to_string()),
+                    allocatable: Some("0".into()),
+                }
+            } else {
+                ResourceEntries::both(devices)
+            };
+            let next_change = [zeroed_at, removed_at]
+                .into_iter()
+                .filter(|&t| t > now)
+                .min();
+            AdvertisementPlan {
+                entries,
+                next_change,
+                finished: false,
+            }
+        }
+    }
+}
+
+/// Reads an integer quantity as the sim writes them; anything else (which
+/// the sim never writes) counts as 0.
+pub fn parse_count(quantity: &str) -> u64 {
+    quantity.trim().parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ts(second: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + second).unwrap()
+    }
+
+    fn entries(capacity: Option<&str>, allocatable: Option<&str>) -> ResourceEntries {
+        ResourceEntries {
+            capacity: capacity.map(Into::into),
+            allocatable: allocatable.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn endpoint_record_follows_the_plugin() {
+        let registered = next_endpoint(None, Some(4), None, ts(0));
+        assert_eq!(registered, Some(Endpoint::Registered { devices: 4 }));
+        let changed = next_endpoint(registered, Some(0), None, ts(1));
+        assert_eq!(changed, Some(Endpoint::Registered { devices: 0 }));
+
+        let stopped = next_endpoint(Some(Endpoint::Registered { devices: 4 }), None, None, ts(5));
+        assert_eq!(
+            stopped,
+            Some(Endpoint::Stopped {
+                since: ts(5),
+                devices: 4
+            })
+        );
+        // Staying stopped keeps the original stop time.
+        assert_eq!(next_endpoint(stopped, None, Some(4), ts(9)), stopped);
+        // A replacement plugin registers afresh.
+        assert_eq!(
+            next_endpoint(stopped, Some(8), None, ts(9)),
+            Some(Endpoint::Registered { devices: 8 })
+        );
+    }
+
+    #[test]
+    fn untouched_resources_stay_untouched() {
+        assert_eq!(next_endpoint(None, None, None, ts(0)), None);
+    }
+
+    #[test]
+    fn leftover_advertisement_is_retired_after_a_sim_restart() {
+        assert_eq!(
+            next_endpoint(None, None, Some(4), ts(7)),
+            Some(Endpoint::Stopped {
+                since: ts(7),
+                devices: 4
+            })
+        );
+    }
+
+    #[test]
+    fn registered_plugin_sets_capacity_and_allocatable() {
+        let plan = advertisement(
+            &Endpoint::Registered { devices: 8 },
+            ts(0),
+            &Timings::default(),
+        );
+        assert_eq!(plan.entries, entries(Some("8"), Some("8")));
+        assert_eq!(plan.next_change, None);
+        assert!(!plan.finished);
+
+        let broken = advertisement(
+            &Endpoint::Registered { devices: 0 },
+            ts(0),
+            &Timings::default(),
+        );
+        assert_eq!(broken.entries, entries(Some("0"), Some("0")));
+    }
+
+    #[test]
+    fn stopped_endpoint_zeroes_allocatable_then_drops_the_resource() {
+        let timings = Timings::default(); // 1s status delay, 30s grace
+        let stopped = Endpoint::Stopped {
+            since: ts(100),
+            devices: 4,
+        };
+
+        let before_status_update =
+            advertisement(&stopped, add(ts(100), Duration::from_millis(500)), &timings);
+        assert_eq!(before_status_update.entries, entries(Some("4"), Some("4")));
+        assert_eq!(before_status_update.next_change, Some(ts(101)));
+
+        let in_grace = advertisement(&stopped, ts(101), &timings);
+        assert_eq!(in_grace.entries, entries(Some("4"), Some("0")));
+        assert_eq!(in_grace.next_change, Some(ts(130)));
+        assert!(!in_grace.finished);
+
+        let gone = advertisement(&stopped, ts(130), &timings);
+        assert_eq!(gone.entries, entries(None, None));
+        assert_eq!(gone.next_change, None);
+        assert!(gone.finished);
+    }
+
+    #[test]
+    fn grace_shorter_than_status_delay_removes_at_grace() {
+        let timings = Timings {
+            status_delay: Duration::from_secs(10),
+            endpoint_stop_grace: Duration::from_secs(2),
+            ..Timings::default()
+        };
+        let stopped = Endpoint::Stopped {
+            since: ts(0),
+            devices: 4,
+        };
+        let early = advertisement(&stopped, ts(1), &timings);
+        assert_eq!(early.entries, entries(Some("4"), Some("4")));
+        assert_eq!(early.next_change, Some(ts(2)));
+        assert!(advertisement(&stopped, ts(2), &timings).finished);
+    }
+
+    #[test]
+    fn counts_parse_leniently() {
+        assert_eq!(parse_count("8"), 8);
+        assert_eq!(parse_count(" 3 "), 3);
+        assert_eq!(parse_count("1k"), 0);
+        assert_eq!(parse_count(""), 0);
+    }
+}

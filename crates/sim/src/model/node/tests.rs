@@ -1,0 +1,685 @@
+//! Scenario tests of [`plan_node`]: a tiny in-memory "API server" applies
+//! each plan, and the next plan is computed from what it holds, as the real
+//! loop does with its watch caches.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, NodeAddress, NodeStatus, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    FieldsV1, ManagedFieldsEntry, ObjectMeta, Time,
+};
+use serde_json::json;
+
+use super::*;
+
+const NODE: &str = "node-1";
+
+fn ts(second: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + second).unwrap()
+}
+
+fn agent_pod(name: &str, agent: &str, image: &str, created: i64) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("agents".into()),
+            uid: Some(format!("uid-{name}")),
+            creation_timestamp: Some(Time(ts(created))),
+            labels: Some(BTreeMap::from([(AGENT_LABEL.into(), agent.into())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(NODE.into()),
+            containers: vec![Container {
+                name: "agent".into(),
+                image: Some(image.into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn plugin(name: &str, image: &str, created: i64) -> Pod {
+    agent_pod(name, "device-plugin", image, created)
+}
+
+fn driver(name: &str, image: &str, created: i64) -> Pod {
+    agent_pod(name, "dra-driver", image, created)
+}
+
+fn node_facts(devices: u64) -> NodeFacts {
+    NodeFacts {
+        uid: "node-uid".into(),
+        internal_ip: Some("192.168.0.10".into()),
+        physical_devices: devices,
+        capacity: BTreeMap::from([("cpu".into(), "1k".into())]),
+        allocatable: BTreeMap::from([("cpu".into(), "1k".into())]),
+        sim_owned: BTreeSet::new(),
+    }
+}
+
+/// The cluster as the sim's caches would show it, plus the sim's memory.
+struct World {
+    node: Option<NodeFacts>,
+    pods: Vec<Pod>,
+    slices: Vec<ResourceSlice>,
+    memory: NodeMemory,
+    timings: Timings,
+    slices_known: bool,
+}
+
+impl World {
+    fn new(devices: u64, pods: Vec<Pod>) -> Self {
+        Self {
+            node: Some(node_facts(devices)),
+            pods,
+            slices: Vec::new(),
+            memory: NodeMemory::default(),
+            timings: Timings::default(),
+            slices_known: true,
+        }
+    }
+
+    fn plan(&mut self, at: i64) -> NodePlan {
+        self.plan_at(ts(at))
+    }
+
+    fn plan_at(&mut self, now: Timestamp) -> NodePlan {
+        let pods: Vec<&Pod> = self.pods.iter().collect();
+        let slices: Vec<&ResourceSlice> = self.slices.iter().collect();
+        let view = NodeView {
+            name: NODE,
+            node: self.node.as_ref(),
+            pods: &pods,
+            slices: &slices,
+            slices_known: self.slices_known,
+        };
+        plan_node(view, &mut self.memory, now, &self.timings)
+    }
+
+    /// Plans at `at`, applies the plan as the API server would, and checks
+    /// that planning again right away wants nothing more.
+    fn step(&mut self, at: i64) -> NodePlan {
+        let plan = self.plan(at);
+        self.apply(&plan);
+        let again = self.plan(at);
+        assert!(again.is_empty(), "plan not settled at {at}: {again:#?}");
+        plan
+    }
+
+    fn apply(&mut self, plan: &NodePlan) {
+        for update in &plan.pod_statuses {
+            let pod = self
+                .pods
+                .iter_mut()
+                .find(|p| p.metadata.uid.as_deref() == Some(&update.uid))
+                .unwrap();
+            // Round-trip through JSON: what the API server would store.
+            let json = serde_json::to_string(&update.status).unwrap();
+            pod.status = Some(serde_json::from_str(&json).unwrap());
+        }
+        if let Some(node) = &mut self.node {
+            for (resource, entries) in &plan.node_entries {
+                for (map, value) in [
+                    (&mut node.capacity, &entries.capacity),
+                    (&mut node.allocatable, &entries.allocatable),
+                ] {
+                    match value {
+                        Some(v) => map.insert(resource.clone(), v.clone()),
+                        None => map.remove(resource),
+                    };
+                }
+                if entries.capacity.is_some() || entries.allocatable.is_some() {
+                    node.sim_owned.insert(resource.clone());
+                } else {
+                    node.sim_owned.remove(resource);
+                }
+            }
+        }
+        for slice in &plan.slice_applies {
+            self.slices
+                .retain(|s| s.metadata.name != slice.metadata.name);
+            self.slices.push(slice.clone());
+        }
+        self.slices.retain(|s| {
+            !plan
+                .slice_deletes
+                .contains(s.metadata.name.as_ref().unwrap())
+        });
+    }
+
+    fn delete_pod(&mut self, name: &str) {
+        self.pods
+            .retain(|p| p.metadata.name.as_deref() != Some(name));
+    }
+
+    fn entries(&self, resource: &str) -> (Option<&str>, Option<&str>) {
+        let node = self.node.as_ref().unwrap();
+        (
+            node.capacity.get(resource).map(String::as_str),
+            node.allocatable.get(resource).map(String::as_str),
+        )
+    }
+
+    fn pod_ready(&self, name: &str) -> bool {
+        let pod = self
+            .pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .unwrap();
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True")
+    }
+
+    fn slice_devices(&self) -> Option<(usize, i64)> {
+        let slice = self.slices.first()?;
+        Some((
+            slice.spec.devices.as_ref().map_or(0, Vec::len),
+            slice.spec.pool.generation,
+        ))
+    }
+}
+
+const GPU: &str = "example.com/gpu";
+
+#[test]
+fn healthy_plugin_advertises_physical_devices_once() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    let plan = world.step(0);
+    assert_eq!(plan.pod_statuses.len(), 1);
+    assert_eq!(
+        plan.pod_statuses[0].status.host_ip.as_deref(),
+        Some("192.168.0.10")
+    );
+    assert_eq!(plan.next_change, None);
+    assert!(world.pod_ready("p1"));
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+    // Nothing to do later either: no churn.
+    assert!(world.plan(100).is_empty());
+    // The cpu entry written by someone else is untouched.
+    assert_eq!(world.node.as_ref().unwrap().capacity["cpu"], "1k");
+}
+
+#[test]
+fn removed_plugin_goes_through_status_delay_and_grace() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.step(0);
+    world.delete_pod("p1");
+
+    let plan = world.step(10);
+    assert!(
+        plan.node_entries.is_empty(),
+        "allocatable waits for the status update"
+    );
+    assert_eq!(plan.next_change, Some(ts(11)));
+
+    let plan = world.step(11);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+    assert_eq!(plan.next_change, Some(ts(40)));
+
+    world.step(39);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+
+    let plan = world.step(40);
+    assert_eq!(world.entries(GPU), (None, None));
+    assert_eq!(plan.next_change, None);
+    assert!(world.memory.is_empty(), "{:?}", world.memory);
+    assert!(world.plan(100).is_empty());
+}
+
+#[test]
+fn replacement_plugin_restores_allocatable() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.step(0);
+    world.delete_pod("p1");
+    world.step(10);
+    world.step(11);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+    world.pods.push(plugin("p2", "plugin:v2", 12));
+    world.step(12);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+    // The old stop no longer matters.
+    assert!(world.plan(45).is_empty());
+}
+
+#[test]
+fn quick_replacement_within_the_status_delay_shows_no_dip() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.step(0);
+    world.delete_pod("p1");
+    world.step(10);
+    world.pods.push(plugin("p2", "plugin:v2", 10));
+    world.step(10);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+}
+
+#[test]
+fn broken_and_overcount_plugins() {
+    let mut broken = World::new(4, vec![plugin("p1", "plugin:v1-broken", 0)]);
+    broken.step(0);
+    assert!(broken.pod_ready("p1"));
+    assert_eq!(broken.entries(GPU), (Some("0"), Some("0")));
+
+    let mut overcount = World::new(4, vec![plugin("p1", "plugin:v1-overcount", 0)]);
+    overcount.step(0);
+    assert_eq!(overcount.entries(GPU), (Some("8"), Some("8")));
+}
+
+#[test]
+fn crashlooping_plugin_never_advertises_and_its_restarts_rise() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1-crashloop", 0)]);
+    let plan = world.step(0);
+    assert!(plan.node_entries.is_empty());
+    assert_eq!(plan.next_change, Some(ts(5)));
+    assert!(!world.pod_ready("p1"));
+    assert_eq!(world.entries(GPU), (None, None));
+
+    // Nothing changes before the next restart...
+    assert!(world.plan(4).is_empty());
+    // ...which then shows in the status.
+    let plan = world.step(5);
+    assert_eq!(plan.pod_statuses.len(), 1);
+    assert_eq!(
+        plan.pod_statuses[0]
+            .status
+            .container_statuses
+            .as_ref()
+            .unwrap()[0]
+            .restart_count,
+        1
+    );
+}
+
+#[test]
+fn crashlooping_upgrade_of_a_healthy_plugin_stops_the_endpoint() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.step(0);
+    world.delete_pod("p1");
+    world.pods.push(plugin("p2", "plugin:v2-crashloop", 20));
+    world.step(20);
+    world.step(21);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+    world.step(50);
+    assert_eq!(world.entries(GPU), (None, None));
+}
+
+#[test]
+fn unready_plugin_still_advertises() {
+    let mut world = World::new(2, vec![plugin("p1", "plugin:v1-unready", 0)]);
+    world.step(0);
+    assert!(!world.pod_ready("p1"));
+    assert_eq!(world.entries(GPU), (Some("2"), Some("2")));
+}
+
+#[test]
+fn slow_plugin_advertises_after_the_delay() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1-slow", 0)]);
+    let plan = world.step(0);
+    assert_eq!(plan.next_change, Some(ts(20)));
+    assert!(!world.pod_ready("p1"));
+    assert_eq!(world.entries(GPU), (None, None));
+    world.step(20);
+    assert!(world.pod_ready("p1"));
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+}
+
+#[test]
+fn slow_delay_counts_from_the_first_start_even_before_start_time_lands() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1-slow", 0)]);
+    // The first status write is lost: the pod still has no startTime.
+    let first = world.plan(0);
+    assert_eq!(first.next_change, Some(ts(20)));
+    let retry = world.plan(15);
+    assert_eq!(retry.next_change, Some(ts(20)));
+    assert_eq!(retry.pod_statuses[0].status.start_time, Some(Time(ts(0))));
+}
+
+#[test]
+fn flapping_plugin_alternates() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1-flap", 0)]);
+    let plan = world.step(0);
+    assert_eq!(plan.next_change, Some(ts(4)));
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+    world.step(4);
+    assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
+    assert!(world.pod_ready("p1"));
+    world.step(8);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+}
+
+#[test]
+fn newest_non_deleting_plugin_wins() {
+    let mut old = plugin("old", "plugin:v1", 0);
+    let new = plugin("new", "plugin:v1-overcount", 5);
+    let mut world = World::new(4, vec![old.clone(), new]);
+    world.step(5);
+    assert_eq!(world.entries(GPU), (Some("8"), Some("8")));
+
+    // A deleting pod counts for nothing, and gets no status writes.
+    old.metadata.name = Some("newer".into());
+    old.metadata.uid = Some("uid-newer".into());
+    old.metadata.creation_timestamp = Some(Time(ts(9)));
+    old.metadata.deletion_timestamp = Some(Time(ts(9)));
+    world.pods.push(old);
+    let plan = world.step(9);
+    assert!(plan.pod_statuses.is_empty());
+    assert_eq!(world.entries(GPU), (Some("8"), Some("8")));
+}
+
+#[test]
+fn resource_annotation_picks_the_resource() {
+    let mut pod = plugin("p1", "plugin:v1", 0);
+    pod.metadata.annotations = Some(BTreeMap::from([(
+        RESOURCE_ANNOTATION.into(),
+        "vendor.io/accel".into(),
+    )]));
+    let mut world = World::new(3, vec![pod, plugin("p2", "plugin:v1-broken", 0)]);
+    world.step(0);
+    assert_eq!(world.entries("vendor.io/accel"), (Some("3"), Some("3")));
+    assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
+}
+
+#[test]
+fn missing_device_label_means_zero_devices() {
+    let mut world = World::new(0, vec![plugin("p1", "plugin:v1", 0)]);
+    world.step(0);
+    assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
+}
+
+#[test]
+fn device_count_change_is_followed() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.step(0);
+    world.node.as_mut().unwrap().physical_devices = 6;
+    world.step(1);
+    assert_eq!(world.entries(GPU), (Some("6"), Some("6")));
+}
+
+#[test]
+fn nodes_without_agents_are_not_touched() {
+    let mut world = World::new(4, vec![]);
+    let mut foreign = node_facts(4);
+    // Someone else's extended resource, even one with the default name.
+    foreign.capacity.insert(GPU.into(), "4".into());
+    world.node = Some(foreign);
+    assert!(world.plan(0).is_empty());
+    assert!(world.memory.is_empty());
+}
+
+#[test]
+fn leftover_advertisement_is_retired_after_a_sim_restart() {
+    let mut world = World::new(4, vec![]);
+    let node = world.node.as_mut().unwrap();
+    node.capacity.insert(GPU.into(), "4".into());
+    node.allocatable.insert(GPU.into(), "4".into());
+    node.sim_owned.insert(GPU.into());
+    world.step(0);
+    world.step(1);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+    world.step(30);
+    assert_eq!(world.entries(GPU), (None, None));
+}
+
+#[test]
+fn leftover_allocatable_only_entry_is_retired_too() {
+    let mut world = World::new(4, vec![]);
+    let node = world.node.as_mut().unwrap();
+    node.allocatable.insert(GPU.into(), "2".into());
+    node.sim_owned.insert(GPU.into());
+    // Capacity is filled in from the count until the grace period ends.
+    world.step(0);
+    assert_eq!(world.entries(GPU), (Some("2"), Some("2")));
+    world.step(30);
+    assert_eq!(world.entries(GPU), (None, None));
+}
+
+#[test]
+fn unknown_agent_kind_gets_a_status_but_advertises_nothing() {
+    let mut world = World::new(4, vec![agent_pod("x", "something-else", "x:v1", 0)]);
+    let plan = world.step(0);
+    assert_eq!(plan.pod_statuses.len(), 1);
+    assert!(plan.node_entries.is_empty() && plan.slice_applies.is_empty());
+}
+
+#[test]
+fn pods_on_a_missing_node_get_statuses_only() {
+    let mut world = World::new(
+        4,
+        vec![plugin("p1", "plugin:v1", 0), driver("d1", "driver:v1", 0)],
+    );
+    world.node = None;
+    world
+        .memory
+        .endpoints
+        .insert(GPU.into(), Endpoint::Registered { devices: 4 });
+    let plan = world.plan(0);
+    assert_eq!(plan.pod_statuses.len(), 2);
+    assert!(
+        plan.pod_statuses[0]
+            .status
+            .host_ip
+            .as_deref()
+            .unwrap()
+            .starts_with("10.0.")
+    );
+    assert!(plan.node_entries.is_empty() && plan.slice_applies.is_empty());
+    assert!(world.memory.endpoints.is_empty() && world.memory.pools.is_empty());
+}
+
+#[test]
+fn pods_bound_elsewhere_are_ignored() {
+    let mut elsewhere = plugin("p1", "plugin:v1", 0);
+    elsewhere.spec.as_mut().unwrap().node_name = Some("node-2".into());
+    let mut world = World::new(4, vec![elsewhere]);
+    assert!(world.plan(0).is_empty());
+}
+
+#[test]
+fn dra_driver_publishes_one_slice_and_bumps_generation_on_pod_change() {
+    let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
+    let plan = world.step(0);
+    assert_eq!(plan.slice_applies.len(), 1);
+    assert_eq!(
+        plan.slice_applies[0].metadata.name.as_deref(),
+        Some("node-1-gpu-sim-saferollout-dev")
+    );
+    assert_eq!(world.slice_devices(), Some((2, 1)));
+
+    // Restart of the driver pod: the slice lingers for the status delay.
+    world.delete_pod("d1");
+    let plan = world.step(5);
+    assert!(plan.slice_deletes.is_empty());
+    assert_eq!(plan.next_change, Some(ts(6)));
+    let plan = world.step(6);
+    assert_eq!(plan.slice_deletes, ["node-1-gpu-sim-saferollout-dev"]);
+    assert_eq!(world.slice_devices(), None);
+
+    world.pods.push(driver("d2", "driver:v2", 7));
+    world.step(7);
+    assert_eq!(world.slice_devices(), Some((2, 2)));
+}
+
+#[test]
+fn dra_faults() {
+    let mut broken = World::new(2, vec![driver("d1", "driver:v1-broken", 0)]);
+    let plan = broken.step(0);
+    assert!(plan.slice_applies.is_empty());
+    assert_eq!(broken.slice_devices(), None);
+
+    let mut overcount = World::new(2, vec![driver("d1", "driver:v1-overcount", 0)]);
+    overcount.step(0);
+    assert_eq!(overcount.slice_devices(), Some((4, 1)));
+
+    let mut unready = World::new(2, vec![driver("d1", "driver:v1-unready", 0)]);
+    unready.step(0);
+    assert_eq!(unready.slice_devices(), Some((2, 1)));
+
+    let mut slow = World::new(2, vec![driver("d1", "driver:v1-slow", 0)]);
+    slow.step(0);
+    assert_eq!(slow.slice_devices(), None);
+    slow.step(20);
+    assert_eq!(slow.slice_devices(), Some((2, 1)));
+
+    let mut flap = World::new(2, vec![driver("d1", "driver:v1-flap", 0)]);
+    flap.step(0);
+    assert_eq!(flap.slice_devices(), Some((2, 1)));
+    flap.step(4);
+    assert_eq!(flap.slice_devices(), Some((0, 1)));
+    flap.step(8);
+    assert_eq!(flap.slice_devices(), Some((2, 1)));
+
+    let mut crashloop = World::new(2, vec![driver("d1", "driver:v1-crashloop", 0)]);
+    crashloop.step(0);
+    assert_eq!(crashloop.slice_devices(), None);
+}
+
+#[test]
+fn broken_upgrade_of_a_driver_deletes_its_slice() {
+    let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
+    world.step(0);
+    world.delete_pod("d1");
+    world.pods.push(driver("d2", "driver:v2-broken", 3));
+    world.step(3);
+    assert_eq!(world.slice_devices(), Some((2, 1)));
+    world.step(4);
+    assert_eq!(world.slice_devices(), None);
+}
+
+#[test]
+fn driver_annotation_picks_the_driver_and_sim_restart_keeps_generation() {
+    let mut pod = driver("d1", "driver:v1", 0);
+    pod.metadata.annotations = Some(BTreeMap::from([(
+        DRIVER_ANNOTATION.into(),
+        "accel.example.com".into(),
+    )]));
+    let mut world = World::new(1, vec![pod]);
+    world.step(0);
+    let slice = world.slices[0].clone();
+    assert_eq!(
+        slice.metadata.name.as_deref(),
+        Some("node-1-accel-example-com")
+    );
+    assert_eq!(slice.spec.driver, "accel.example.com");
+
+    // A restarted sim has no memory but finds the slice: nothing to do.
+    world.memory = NodeMemory::default();
+    assert!(world.plan(50).is_empty());
+}
+
+#[test]
+fn stray_labelled_slices_are_left_alone() {
+    let mut world = World::new(2, vec![]);
+    let mut stray = desired_slice(
+        NodeRef {
+            name: NODE,
+            uid: "node-uid",
+        },
+        "x.y",
+        1,
+        1,
+        "p",
+    );
+    stray.metadata.name = Some("something-else".into());
+    world.slices.push(stray);
+    assert!(world.plan(0).is_empty());
+}
+
+#[test]
+fn pod_status_uses_sub_second_clock_without_churn() {
+    let mut world = World::new(1, vec![plugin("p1", "plugin:v1", 0)]);
+    let now = ts(3).checked_add(Duration::from_millis(700)).unwrap();
+    let plan = world.plan_at(now);
+    world.apply(&plan);
+    assert!(world.plan_at(now).is_empty());
+    assert!(world.plan(4).is_empty());
+}
+
+#[test]
+fn node_facts_from_a_node() {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            uid: Some("node-uid".into()),
+            labels: Some(BTreeMap::from([(DEVICES_LABEL.into(), "8".into())])),
+            managed_fields: Some(vec![
+                ManagedFieldsEntry {
+                    manager: Some(FIELD_MANAGER.into()),
+                    operation: Some("Update".into()),
+                    subresource: Some("status".into()),
+                    fields_v1: Some(FieldsV1(json!({
+                        "f:status": {
+                            "f:allocatable": {"f:example.com/gpu": {}},
+                            "f:capacity": {"f:example.com/gpu": {}, "f:vendor.io/x": {}}
+                        }
+                    }))),
+                    ..ManagedFieldsEntry::default()
+                },
+                ManagedFieldsEntry {
+                    manager: Some("kwok".into()),
+                    fields_v1: Some(FieldsV1(json!({
+                        "f:status": {"f:capacity": {"f:cpu": {}}}
+                    }))),
+                    ..ManagedFieldsEntry::default()
+                },
+            ]),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            addresses: Some(vec![
+                NodeAddress {
+                    type_: "Hostname".into(),
+                    address: NODE.into(),
+                },
+                NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: "10.9.8.7".into(),
+                },
+            ]),
+            capacity: Some(BTreeMap::from([("cpu".into(), Quantity("1k".into()))])),
+            ..NodeStatus::default()
+        }),
+    };
+    let facts = NodeFacts::from_node(&node);
+    assert_eq!(facts.uid, "node-uid");
+    assert_eq!(facts.internal_ip.as_deref(), Some("10.9.8.7"));
+    assert_eq!(facts.physical_devices, 8);
+    assert_eq!(facts.capacity["cpu"], "1k");
+    assert!(facts.allocatable.is_empty());
+    assert_eq!(
+        facts.sim_owned,
+        BTreeSet::from(["example.com/gpu".to_owned(), "vendor.io/x".to_owned()])
+    );
+
+    for bad in ["", "x", "-1", "1.5"] {
+        let mut unlabelled = node.clone();
+        unlabelled.metadata.labels = Some(BTreeMap::from([(DEVICES_LABEL.into(), bad.into())]));
+        assert_eq!(
+            NodeFacts::from_node(&unlabelled).physical_devices,
+            0,
+            "{bad:?}"
+        );
+    }
+    let bare = NodeFacts::from_node(&Node::default());
+    assert_eq!((bare.physical_devices, bare.internal_ip), (0, None));
+}
+
+#[test]
+fn dra_waits_until_slices_are_known() {
+    let mut world = World::new(
+        2,
+        vec![driver("d1", "driver:v1", 0), plugin("p1", "plugin:v1", 0)],
+    );
+    world.slices_known = false;
+    let plan = world.plan(0);
+    assert_eq!(plan.pod_statuses.len(), 2);
+    assert_eq!(plan.node_entries.len(), 1);
+    assert!(plan.slice_applies.is_empty());
+    assert!(world.memory.pools.is_empty());
+}
