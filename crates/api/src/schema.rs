@@ -27,7 +27,7 @@ pub const EXTENDED_RESOURCE_REGEX: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-
 pub const INT32_MAX: i64 = i32::MAX as i64;
 
 /// Maximum number of stages.
-pub const MAX_STAGES: u32 = 20;
+pub const MAX_STAGES: u32 = 10;
 /// Maximum number of allocatable gate entries.
 pub const MAX_ALLOCATABLE: u32 = 8;
 

@@ -65,7 +65,9 @@ pub struct SafeRolloutSpec {
     /// 1 node, then 10%, 50% and 100% of the nodes, without soak. When the last
     /// stage covers fewer than all nodes, a final stage of 100% follows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 20))]
+    // At most 10: the API server's CEL cost estimate multiplies the per-stage
+    // rules by this bound, and more than 10 stages is not a rollout plan.
+    #[schemars(length(min = 1, max = 10))]
     pub stages: Option<Vec<Stage>>,
 
     /// How many agent pods of a stage are replaced at once: a count (at least
