@@ -183,8 +183,10 @@ fn allocatable(n: &Node, res: &str) -> Option<i64> {
 /// so the order of pod creations and status writes can be compared exactly.
 #[derive(Default)]
 struct Recorder {
-    /// (resourceVersion, node) of each agent pod created with `image`.
+    /// (resourceVersion, uid) of each agent pod created with `image`.
     pods_created: Vec<(u64, String)>,
+    /// Node of each such pod, once the scheduler has bound it.
+    pod_nodes: BTreeMap<String, String>,
     /// (resourceVersion, cumulative node count planned) of each status seen.
     planned: Vec<(u64, usize)>,
     /// First instant allocatable of the test's resource dropped below the baseline on some node.
@@ -230,9 +232,16 @@ fn record(env: &Env, image: &str, good_image: &str) -> (Arc<Mutex<Recorder>>, to
             let mut r = r.lock().unwrap();
             match ev {
                 Ev::Pod(p) => {
-                    if image_of(&p) == image && seen_pods.insert(p.uid().unwrap_or_default()) {
-                        let created = p.metadata.resource_version.as_ref().map(|_| rv(&p.metadata)).unwrap_or(0);
-                        r.pods_created.push((created, node_of(&p)));
+                    let uid = p.uid().unwrap_or_default();
+                    if image_of(&p) == image {
+                        // The first event of a pod created after the watch started is its creation.
+                        if seen_pods.insert(uid.clone()) {
+                            r.pods_created.push((rv(&p.metadata), uid.clone()));
+                        }
+                        let node = node_of(&p);
+                        if !node.is_empty() {
+                            r.pod_nodes.insert(uid, node);
+                        }
                     }
                 }
                 Ev::Node(n) => {
@@ -258,6 +267,15 @@ fn record(env: &Env, image: &str, good_image: &str) -> (Arc<Mutex<Recorder>>, to
         }
     });
     (rec, task)
+}
+
+/// Waits until no node carries a stage label.
+async fn wait_unlabelled(env: &Env) -> anyhow::Result<()> {
+    wait_for_all(&Api::<Node>::all(env.client.clone()), watcher::Config::default(), TIMEOUT, |ns| {
+        ns.iter().all(|n| !n.labels().contains_key("saferollout.dev/stage"))
+    })
+    .await?;
+    Ok(())
 }
 
 async fn set_template_image(env: &Env, image: &str) -> anyhow::Result<()> {
@@ -302,13 +320,13 @@ async fn healthy_release_rolls_through_every_stage_within_bounds() -> anyhow::Re
     // that was current (by etcd revision) when the pod was created.
     let rec = rec.lock().unwrap();
     assert_eq!(rec.pods_created.len(), 4, "each node replaced exactly once: {:?}", rec.pods_created);
-    for (i, (created, node)) in rec.pods_created.iter().enumerate() {
+    for (i, (created, uid)) in rec.pods_created.iter().enumerate() {
         let planned = rec.planned.iter().filter(|(r, _)| r < created).map(|(_, n)| *n).max().unwrap_or(0);
+        let node = rec.pod_nodes.get(uid).map(String::as_str).unwrap_or("?");
         assert!(i < planned, "pod #{} on {node} created at rv {created} while only {planned} nodes were planned", i + 1);
     }
-    // Labels are gone and the operator still holds the DaemonSet's updates.
-    let nodes = Api::<Node>::all(env.client.clone()).list(&Default::default()).await?;
-    assert!(nodes.items.iter().all(|n| !n.labels().contains_key("saferollout.dev/stage")));
+    // Labels go (right after the status write) and the operator still holds the DaemonSet's updates.
+    wait_unlabelled(&env).await?;
     let ds = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name).get("plugin").await?;
     assert_eq!(ds.spec.update_strategy.unwrap().type_.as_deref(), Some("OnDelete"));
     Ok(())
@@ -333,8 +351,7 @@ async fn rolled_back(env: &Env, good: &str, bad: &str) -> anyhow::Result<(SafeRo
     assert!(condition(&st, "Ready").is_some_and(|c| c.status == "False"));
     assert_eq!(st.blocked_revisions.len(), 1);
     assert_eq!(st.blocked_revisions[0].revision, st.target_revision.clone().unwrap());
-    let nodes = Api::<Node>::all(env.client.clone()).list(&Default::default()).await?;
-    assert!(nodes.items.iter().all(|n| !n.labels().contains_key("saferollout.dev/stage")));
+    wait_unlabelled(env).await?;
     Ok((st, rec))
 }
 
@@ -346,7 +363,8 @@ async fn broken_release_is_reverted_at_the_canary() -> anyhow::Result<()> {
     assert_eq!(degraded.reason, "AllocatableFailed");
     assert!(degraded.message.contains("observed 0, expected >= 8"), "{}", degraded.message);
     let rec = rec.lock().unwrap();
-    let touched: BTreeSet<&String> = rec.pods_created.iter().map(|(_, n)| n).collect();
+    let touched: BTreeSet<&String> = rec.pod_nodes.values().collect();
+    assert_eq!(rec.pods_created.len(), 1, "one broken pod was created");
     assert_eq!(touched.len(), 1, "only the canary node got the broken release: {touched:?}");
     assert!(degraded.message.contains(touched.iter().next().unwrap().as_str()));
     if let (Some(drop), Some(restored)) = (rec.first_drop, rec.restored) {
@@ -409,7 +427,8 @@ async fn operator_killed_mid_stage_resumes_without_repeating_or_skipping() -> an
     assert_eq!(st.stages[1].nodes, mid.stages[1].nodes);
     let rec = rec.lock().unwrap();
     let mut per_node: BTreeMap<&String, usize> = BTreeMap::new();
-    for (_, n) in &rec.pods_created {
+    assert_eq!(rec.pod_nodes.len(), rec.pods_created.len(), "every new pod was scheduled");
+    for n in rec.pod_nodes.values() {
         *per_node.entry(n).or_default() += 1;
     }
     assert_eq!(per_node.len(), 4, "{per_node:?}");
@@ -455,7 +474,11 @@ async fn malformed_saferollouts_are_rejected_naming_the_field() -> anyhow::Resul
     c.kubectl(&["wait", "--for=condition=Established", "crd/saferollouts.saferollout.dev", "--timeout=60s"])?;
     let ns = c.namespace("malformed").await?;
     let dir = repo_root().join("tests/malformed");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
     files.sort();
     assert!(files.len() >= 12, "the corpus has {} files", files.len());
     for f in files {
