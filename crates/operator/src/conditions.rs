@@ -66,8 +66,24 @@ mod tests {
     #[test]
     fn transition_time_moves_only_on_status_change() {
         let mut cs = Vec::new();
-        set(&mut cs, READY, false, "Progressing", "stage 1", Some(1), t(0));
-        set(&mut cs, READY, false, "Progressing", "stage 2", Some(2), t(10));
+        set(
+            &mut cs,
+            READY,
+            false,
+            "Progressing",
+            "stage 1",
+            Some(1),
+            t(0),
+        );
+        set(
+            &mut cs,
+            READY,
+            false,
+            "Progressing",
+            "stage 2",
+            Some(2),
+            t(10),
+        );
         assert_eq!(cs[0].last_transition_time, Time(t(0)));
         assert_eq!(cs[0].message, "stage 2");
         assert_eq!(cs[0].observed_generation, Some(2));

@@ -20,8 +20,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use saferollout_api::{
-    FIELD_MANAGER, FINALIZER, GateStatus, LastGoodTemplate, MANAGED_BY, MANAGED_BY_LABEL, Phase, RETRY_ANNOTATION,
-    ROLLOUT_LABEL, STAGE_LABEL, SafeRollout, SafeRolloutStatus,
+    FIELD_MANAGER, FINALIZER, GateStatus, LastGoodTemplate, MANAGED_BY, MANAGED_BY_LABEL, Phase,
+    RETRY_ANNOTATION, ROLLOUT_LABEL, STAGE_LABEL, SafeRollout, SafeRolloutStatus,
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -167,7 +167,11 @@ fn agent_pod(p: &Pod) -> Option<AgentPod> {
     Some(AgentPod {
         name: p.name_any(),
         node,
-        revision: p.labels().get(REVISION_HASH_LABEL).cloned().unwrap_or_default(),
+        revision: p
+            .labels()
+            .get(REVISION_HASH_LABEL)
+            .cloned()
+            .unwrap_or_default(),
         running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
         ready: status
             .and_then(|s| s.conditions.as_ref())
@@ -185,7 +189,11 @@ fn quantity_as_count(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity
 
 /// Label selector matching (matchLabels and matchExpressions).
 pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let labels_ok = sel.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    let labels_ok = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
     let exprs_ok = sel.match_expressions.iter().flatten().all(|e| {
         let values = e.values.clone().unwrap_or_default();
         match e.operator.as_str() {
@@ -201,7 +209,9 @@ pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) 
 
 pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeue> {
     let started = Instant::now();
-    let ns = sr.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let ns = sr
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, sr, |event| async {
         match event {
@@ -217,10 +227,17 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
 
 pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> Requeue {
     warn!(namespace = ?sr.namespace(), name = %sr.name_any(), %error, "reconcile failed");
-    ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::ErrorLabels { error: error.metric_label() }).inc();
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            error: error.metric_label(),
+        })
+        .inc();
     // Conflicts resolve on the next pass with fresh caches; anything else backs off.
     match error {
-        Error::Kube(kube::Error::Api(s)) if s.code == 409 => Requeue::requeue(Duration::from_millis(200)),
+        Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
+            Requeue::requeue(Duration::from_millis(200))
+        }
         _ => Requeue::requeue(Duration::from_secs(5)),
     }
 }
@@ -236,8 +253,14 @@ struct World {
 }
 
 fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
-    let ds = ctx.stores.daemonsets.get(&ObjectRef::new(&sr.spec.target_ref.name).within(ns));
-    let ds_uid = ds.as_ref().and_then(|d| d.metadata.uid.clone()).unwrap_or_default();
+    let ds = ctx
+        .stores
+        .daemonsets
+        .get(&ObjectRef::new(&sr.spec.target_ref.name).within(ns));
+    let ds_uid = ds
+        .as_ref()
+        .and_then(|d| d.metadata.uid.clone())
+        .unwrap_or_default();
     let revisions: Vec<Arc<ControllerRevision>> = ctx
         .stores
         .revisions
@@ -246,12 +269,21 @@ fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
         .filter(|cr| cr.metadata.namespace.as_deref() == Some(ns))
         .collect();
     let view = ds.as_ref().map(|d| {
-        let own: Vec<&Arc<ControllerRevision>> =
-            revisions.iter().filter(|cr| !ds_uid.is_empty() && owned_by(&cr.metadata, &ds_uid)).collect();
-        let current = own.iter().max_by_key(|cr| cr.revision).and_then(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned());
+        let own: Vec<&Arc<ControllerRevision>> = revisions
+            .iter()
+            .filter(|cr| !ds_uid.is_empty() && owned_by(&cr.metadata, &ds_uid))
+            .collect();
+        let current = own
+            .iter()
+            .max_by_key(|cr| cr.revision)
+            .and_then(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned());
         DaemonSetView {
             generation: d.metadata.generation.unwrap_or(0),
-            observed_generation: d.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0),
+            observed_generation: d
+                .status
+                .as_ref()
+                .and_then(|s| s.observed_generation)
+                .unwrap_or(0),
             update_strategy: d.spec.update_strategy.clone(),
             current_revision: current,
             template_source: d
@@ -261,7 +293,10 @@ fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
                 .as_ref()
                 .and_then(|m| m.annotations.as_ref())
                 .and_then(|a| a.get(TEMPLATE_HASH_ANNOTATION).cloned()),
-            known_revisions: own.iter().filter_map(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned()).collect(),
+            known_revisions: own
+                .iter()
+                .filter_map(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned())
+                .collect(),
         }
     });
     let mut pods: BTreeMap<String, Vec<AgentPod>> = BTreeMap::new();
@@ -275,7 +310,11 @@ fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
             }
         }
     }
-    let canary = sr.spec.canary.as_ref().and_then(|c| c.node_selector.as_ref());
+    let canary = sr
+        .spec
+        .canary
+        .as_ref()
+        .and_then(|c| c.node_selector.as_ref());
     let mut nodes = BTreeMap::new();
     let mut labelled = BTreeSet::new();
     for n in ctx.stores.nodes.state() {
@@ -287,26 +326,45 @@ fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
             .status
             .as_ref()
             .and_then(|s| s.allocatable.as_ref())
-            .map(|a| a.iter().filter_map(|(k, q)| Some((k.clone(), quantity_as_count(q)?))).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|(k, q)| Some((k.clone(), quantity_as_count(q)?)))
+                    .collect()
+            })
             .unwrap_or_default();
         nodes.insert(
             n.name_any(),
             NodeInfo {
                 zone: labels.get(ZONE_LABEL).cloned(),
                 canary_eligible: canary.is_none_or(|sel| selector_matches(sel, &labels)),
-                state: NodeState { allocatable, labels },
+                state: NodeState {
+                    allocatable,
+                    labels,
+                },
             },
         );
     }
     let stable = sr.status.as_ref().and_then(|s| s.stable_revision.clone());
     let backup = stable.and_then(|rev| {
-        revisions.iter().find(|cr| cr.name_any() == backup_name(&sr.name_any(), &rev)).cloned()
+        revisions
+            .iter()
+            .find(|cr| cr.name_any() == backup_name(&sr.name_any(), &rev))
+            .cloned()
     });
-    World { ds, view, pods, nodes, labelled, backup }
+    World {
+        ds,
+        view,
+        pods,
+        nodes,
+        labelled,
+        backup,
+    }
 }
 
 async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
-    let ns = sr.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let ns = sr
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
     let name = sr.name_any();
     let id = rollout_id(&ns, &name);
     let world = dereference(sr, ctx, &ns, &id);
@@ -323,15 +381,31 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
             st.phase = Some(Phase::Failed);
             st.message = Some(msg.clone());
             for t in [crate::conditions::READY, crate::conditions::PROGRESSING] {
-                crate::conditions::set(&mut st.conditions, t, false, "InvalidTemplate", msg.clone(), sr.metadata.generation, now);
+                crate::conditions::set(
+                    &mut st.conditions,
+                    t,
+                    false,
+                    "InvalidTemplate",
+                    msg.clone(),
+                    sr.metadata.generation,
+                    now,
+                );
             }
             write_status(sr, ctx, &status, &st).await?;
             return Ok(Requeue::await_change());
         }
     };
     let spec_hash = spec_template.as_ref().map(template_hash);
-    let gated: Vec<String> = sr.spec.allocatable_gates().iter().map(|g| g.resource.clone()).collect();
-    let backup_revision = world.backup.as_ref().and_then(|b| b.labels().get(BACKUP_REVISION_LABEL).cloned());
+    let gated: Vec<String> = sr
+        .spec
+        .allocatable_gates()
+        .iter()
+        .map(|g| g.resource.clone())
+        .collect();
+    let backup_revision = world
+        .backup
+        .as_ref()
+        .and_then(|b| b.labels().get(BACKUP_REVISION_LABEL).cloned());
     let annotations = sr.annotations();
     let observed = Observed {
         spec: &sr.spec,
@@ -363,7 +437,18 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
 
     let mut template_error = None;
     for action in &decision.actions {
-        match perform(sr, ctx, &ns, &id, &world, spec_template.as_ref(), spec_hash.as_deref(), action).await {
+        match perform(
+            sr,
+            ctx,
+            &ns,
+            &id,
+            &world,
+            spec_template.as_ref(),
+            spec_hash.as_deref(),
+            action,
+        )
+        .await
+        {
             Ok(()) => {}
             // The API server refused the template: a condition, not a retry loop.
             Err(Error::Kube(kube::Error::Api(s)))
@@ -376,11 +461,22 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
     }
     if let Some(msg) = template_error {
         let mut st = new_status.clone();
-        let msg = format!("the API server rejected spec.template for DaemonSet {}: {msg}", sr.spec.target_ref.name);
+        let msg = format!(
+            "the API server rejected spec.template for DaemonSet {}: {msg}",
+            sr.spec.target_ref.name
+        );
         st.phase = Some(Phase::Failed);
         st.message = Some(msg.clone());
         for t in [crate::conditions::READY, crate::conditions::PROGRESSING] {
-            crate::conditions::set(&mut st.conditions, t, false, "InvalidTemplate", msg.clone(), sr.metadata.generation, now);
+            crate::conditions::set(
+                &mut st.conditions,
+                t,
+                false,
+                "InvalidTemplate",
+                msg.clone(),
+                sr.metadata.generation,
+                now,
+            );
         }
         write_status(sr, ctx, &new_status, &st).await?;
         return Ok(Requeue::await_change());
@@ -391,14 +487,35 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
     })
 }
 
-fn record_metrics(ctx: &Context, ns: &str, name: &str, old: &SafeRolloutStatus, new: &SafeRolloutStatus) {
+fn record_metrics(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    old: &SafeRolloutStatus,
+    new: &SafeRolloutStatus,
+) {
     let m = &ctx.metrics;
     m.set_phase(ns, name, new.phase.as_ref().unwrap_or(&Phase::Pending));
-    m.set_stage(ns, name, if new.phase == Some(Phase::Progressing) { new.current_stage } else { None });
-    let labels = RolloutLabels { namespace: ns.into(), name: name.into() };
+    m.set_stage(
+        ns,
+        name,
+        if new.phase == Some(Phase::Progressing) {
+            new.current_stage
+        } else {
+            None
+        },
+    );
+    let labels = RolloutLabels {
+        namespace: ns.into(),
+        name: name.into(),
+    };
     if new.blocked_revisions.len() > old.blocked_revisions.len() {
         m.rollbacks.get_or_create(&labels).inc();
-        let failed = new.stages.iter().flat_map(|s| s.gates.iter()).find(|g| g.status == GateStatus::Failed);
+        let failed = new
+            .stages
+            .iter()
+            .flat_map(|s| s.gates.iter())
+            .find(|g| g.status == GateStatus::Failed);
         if let Some(g) = failed {
             m.gate_failures
                 .get_or_create(&GateLabels {
@@ -411,29 +528,48 @@ fn record_metrics(ctx: &Context, ns: &str, name: &str, old: &SafeRolloutStatus, 
         }
     }
     let passed = |s: &SafeRolloutStatus| {
-        s.stages.iter().filter(|st| st.state == saferollout_api::StageState::Passed).count()
+        s.stages
+            .iter()
+            .filter(|st| st.state == saferollout_api::StageState::Passed)
+            .count()
     };
     if passed(new) > passed(old) && new.target_revision == old.target_revision {
-        m.stages_passed.get_or_create(&labels).inc_by((passed(new) - passed(old)) as u64);
+        m.stages_passed
+            .get_or_create(&labels)
+            .inc_by((passed(new) - passed(old)) as u64);
     }
-    if new.phase == Some(Phase::Succeeded) && old.phase != Some(Phase::Succeeded) && old.target_revision.is_some() {
+    if new.phase == Some(Phase::Succeeded)
+        && old.phase != Some(Phase::Succeeded)
+        && old.target_revision.is_some()
+    {
         m.rollouts_succeeded.get_or_create(&labels).inc();
     }
 }
 
 /// Writes status with server-side apply when it changed (fields that became
 /// empty are removed, which a merge patch would not do).
-async fn write_status(sr: &SafeRollout, ctx: &Context, old: &SafeRolloutStatus, new: &SafeRolloutStatus) -> Result<()> {
+async fn write_status(
+    sr: &SafeRollout,
+    ctx: &Context,
+    old: &SafeRolloutStatus,
+    new: &SafeRolloutStatus,
+) -> Result<()> {
     if old == new && sr.status.is_some() {
         return Ok(());
     }
-    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &sr.namespace().unwrap_or_default());
+    let api: Api<SafeRollout> =
+        Api::namespaced(ctx.client.clone(), &sr.namespace().unwrap_or_default());
     let patch = json!({
         "apiVersion": saferollout_api::API_VERSION,
         "kind": saferollout_api::KIND,
         "status": new,
     });
-    api.patch_status(&sr.name_any(), &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(patch)).await?;
+    api.patch_status(
+        &sr.name_any(),
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(patch),
+    )
+    .await?;
     Ok(())
 }
 
@@ -451,28 +587,41 @@ async fn perform(
     let client = &ctx.client;
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
     let ds_name = &sr.spec.target_ref.name;
-    let rv = world.ds.as_ref().and_then(|d| d.metadata.resource_version.clone()).unwrap_or_default();
+    let rv = world
+        .ds
+        .as_ref()
+        .and_then(|d| d.metadata.resource_version.clone())
+        .unwrap_or_default();
     // Every DaemonSet write is conditional on the version we decided from, so
     // a concurrent edit by a person is never overwritten silently (409 -> retry
     // with fresh caches, where the conflict is detected).
     let guarded = |ops: serde_json::Value| -> Result<Patch<serde_json::Value>> {
         let mut all = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
         all.extend(ops.as_array().cloned().unwrap_or_default());
-        Ok(Patch::Json(serde_json::from_value(serde_json::Value::Array(all))?))
+        Ok(Patch::Json(serde_json::from_value(
+            serde_json::Value::Array(all),
+        )?))
     };
     match action {
         Action::TakeOverUpdates => {
             info!(%ns, daemonset = %ds_name, "setting updateStrategy OnDelete");
-            let p = guarded(json!([{"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}]))?;
+            let p = guarded(
+                json!([{"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}]),
+            )?;
             dss.patch(ds_name, &PatchParams::default(), &p).await?;
         }
         Action::ApplySpecTemplate => {
             let mut t = spec_template.cloned().unwrap_or_default();
-            let meta = t.as_object_mut().map(|m| m.entry("metadata").or_insert_with(|| json!({})));
+            let meta = t
+                .as_object_mut()
+                .map(|m| m.entry("metadata").or_insert_with(|| json!({})));
             if let Some(meta) = meta.and_then(|m| m.as_object_mut()) {
                 let ann = meta.entry("annotations").or_insert_with(|| json!({}));
                 if let Some(a) = ann.as_object_mut() {
-                    a.insert(TEMPLATE_HASH_ANNOTATION.into(), json!(spec_hash.unwrap_or_default()));
+                    a.insert(
+                        TEMPLATE_HASH_ANNOTATION.into(),
+                        json!(spec_hash.unwrap_or_default()),
+                    );
                 }
             }
             info!(%ns, daemonset = %ds_name, hash = ?spec_hash, "writing spec.template to the DaemonSet");
@@ -480,7 +629,10 @@ async fn perform(
             dss.patch(ds_name, &PatchParams::default(), &p).await?;
         }
         Action::RestoreLastGood => {
-            let backup = world.backup.as_ref().ok_or_else(|| Error::MissingBackup(backup_name(&sr.name_any(), "?")))?;
+            let backup = world
+                .backup
+                .as_ref()
+                .ok_or_else(|| Error::MissingBackup(backup_name(&sr.name_any(), "?")))?;
             let t = backup
                 .data
                 .0
@@ -491,12 +643,17 @@ async fn perform(
             let p = guarded(json!([{"op": "replace", "path": "/spec/template", "value": t}]))?;
             dss.patch(ds_name, &PatchParams::default(), &p).await?;
         }
-        Action::BackupTemplate { revision } => backup_template(sr, ctx, ns, world, revision).await?,
+        Action::BackupTemplate { revision } => {
+            backup_template(sr, ctx, ns, world, revision).await?
+        }
         Action::LabelNodes { nodes, stage } => {
             let api: Api<Node> = Api::all(client.clone());
             for n in nodes {
                 let p = json!({"metadata": {"labels": {STAGE_LABEL: stage.to_string(), ROLLOUT_LABEL: id}}});
-                match api.patch(n, &PatchParams::default(), &Patch::Merge(p)).await {
+                match api
+                    .patch(n, &PatchParams::default(), &Patch::Merge(p))
+                    .await
+                {
                     Err(kube::Error::Api(s)) if s.code == 404 => {} // node vanished; the next pass notices
                     r => {
                         r?;
@@ -508,7 +665,10 @@ async fn perform(
             let api: Api<Node> = Api::all(client.clone());
             for n in nodes {
                 let p = json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}});
-                match api.patch(n, &PatchParams::default(), &Patch::Merge(p)).await {
+                match api
+                    .patch(n, &PatchParams::default(), &Patch::Merge(p))
+                    .await
+                {
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     r => {
                         r?;
@@ -528,14 +688,22 @@ async fn perform(
                 }
             }
         }
-        Action::Event { warning, reason, message } => {
+        Action::Event {
+            warning,
+            reason,
+            message,
+        } => {
             if *warning {
                 warn!(%ns, name = %sr.name_any(), %reason, %message);
             } else {
                 info!(%ns, name = %sr.name_any(), %reason, %message);
             }
             let ev = KubeEvent {
-                type_: if *warning { EventType::Warning } else { EventType::Normal },
+                type_: if *warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
                 reason: reason.clone(),
                 note: Some(message.chars().take(1000).collect()),
                 action: "Rollout".into(),
@@ -552,16 +720,28 @@ async fn perform(
 
 /// Copies the DaemonSet's template of `revision` into a ControllerRevision
 /// owned by the SafeRollout, then drops older backups.
-async fn backup_template(sr: &SafeRollout, ctx: &Context, ns: &str, world: &World, revision: &str) -> Result<()> {
-    let ds = world.ds.as_ref().ok_or(Error::MissingField("target DaemonSet"))?;
+async fn backup_template(
+    sr: &SafeRollout,
+    ctx: &Context,
+    ns: &str,
+    world: &World,
+    revision: &str,
+) -> Result<()> {
+    let ds = world
+        .ds
+        .as_ref()
+        .ok_or(Error::MissingField("target DaemonSet"))?;
     let ds_uid = ds.metadata.uid.clone().unwrap_or_default();
     let all = ctx.stores.revisions.state();
     let source = all
         .iter()
-        .filter(|cr| cr.metadata.namespace.as_deref() == Some(ns) && owned_by(&cr.metadata, &ds_uid))
+        .filter(|cr| {
+            cr.metadata.namespace.as_deref() == Some(ns) && owned_by(&cr.metadata, &ds_uid)
+        })
         .find(|cr| cr.labels().get(REVISION_HASH_LABEL).map(String::as_str) == Some(revision))
         .ok_or_else(|| Error::MissingBackup(format!("DaemonSet revision {revision}")))?;
-    let template = revision_template(source).ok_or_else(|| Error::MissingBackup(source.name_any()))?;
+    let template =
+        revision_template(source).ok_or_else(|| Error::MissingBackup(source.name_any()))?;
     // Refuse a template that is not a pod template rather than back up garbage.
     let _: PodTemplateSpec = serde_json::from_value(template.clone())?;
     let name = backup_name(&sr.name_any(), revision);
@@ -577,21 +757,33 @@ async fn backup_template(sr: &SafeRollout, ctx: &Context, ns: &str, world: &Worl
             ])),
             owner_references: Some(vec![OwnerReference {
                 controller: Some(true),
-                ..sr.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?
+                ..sr.controller_owner_ref(&())
+                    .ok_or(Error::MissingField("metadata.uid"))?
             }]),
             ..Default::default()
         },
         data: RawExtension(json!({"template": template, "daemonSet": ds.name_any()})),
         revision: source.revision,
     };
-    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &cr).await {
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &cr,
+        )
+        .await
+    {
         Ok(_) => info!(%ns, backup = %name, "recorded the last good template"),
         Err(kube::Error::Api(s)) if s.code == 409 => {} // already recorded (ControllerRevision data is immutable)
         Err(e) => return Err(e.into()),
     }
     let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
     for old in all.iter().filter(|cr| {
-        cr.metadata.namespace.as_deref() == Some(ns) && owned_by(&cr.metadata, &sr_uid) && cr.name_any() != name
+        cr.metadata.namespace.as_deref() == Some(ns)
+            && owned_by(&cr.metadata, &sr_uid)
+            && cr.name_any() != name
     }) {
         match api.delete(&old.name_any(), &DeleteParams::default()).await {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -608,18 +800,26 @@ async fn backup_template(sr: &SafeRollout, ctx: &Context, ns: &str, world: &Worl
 /// strategy (usually RollingUpdate) then converges them on the DaemonSet's
 /// current template. Labels go; backups are garbage-collected with the owner.
 async fn cleanup(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
-    let ns = sr.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let ns = sr
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
     let name = sr.name_any();
     let id = rollout_id(&ns, &name);
     let world = dereference(sr, ctx, &ns, &id);
-    let original = sr.status.as_ref().and_then(|s| s.original_update_strategy.clone());
+    let original = sr
+        .status
+        .as_ref()
+        .and_then(|s| s.original_update_strategy.clone());
     if let (Some(_), Some(original)) = (&world.ds, original) {
         let dss: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
         let value = serde_json::to_value(&original)?;
         let p: Patch<serde_json::Value> = Patch::Json(serde_json::from_value(
             json!([{"op": "replace", "path": "/spec/updateStrategy", "value": value}]),
         )?);
-        match dss.patch(&sr.spec.target_ref.name, &PatchParams::default(), &p).await {
+        match dss
+            .patch(&sr.spec.target_ref.name, &PatchParams::default(), &p)
+            .await
+        {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             r => {
                 r?;
@@ -629,7 +829,17 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
     }
     let nodes: Vec<String> = world.labelled.iter().cloned().collect();
     if !nodes.is_empty() {
-        perform(sr, ctx, &ns, &id, &world, None, None, &Action::UnlabelNodes { nodes }).await?;
+        perform(
+            sr,
+            ctx,
+            &ns,
+            &id,
+            &world,
+            None,
+            None,
+            &Action::UnlabelNodes { nodes },
+        )
+        .await?;
     }
     ctx.metrics.forget(&ns, &name);
     Ok(Requeue::await_change())
@@ -650,7 +860,11 @@ fn node_fingerprint(n: &Node) -> u64 {
 }
 
 /// Builds and runs the controller until shutdown.
-pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<String>) -> anyhow::Result<()> {
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    watch_namespace: Option<String>,
+) -> anyhow::Result<()> {
     let srs: Api<SafeRollout> = match &watch_namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -658,7 +872,9 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<
     // Fail early with a clear message when the CRD is not installed (the
     // operator never installs it itself: that is the deployer's job).
     if let Err(e) = srs.list(&kube::api::ListParams::default().limit(1)).await {
-        anyhow::bail!("cannot list SafeRollouts ({e}); is deploy/crd.yaml applied and RBAC granted?");
+        anyhow::bail!(
+            "cannot list SafeRollouts ({e}); is deploy/crd.yaml applied and RBAC granted?"
+        );
     }
     let ds_api: Api<DaemonSet> = namespaced_or_all(&client, &watch_namespace);
     let pod_api: Api<Pod> = namespaced_or_all(&client, &watch_namespace);
@@ -677,7 +893,9 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<
 
     // Only pods of DaemonSets (and StatefulSets) carry this label: the operator
     // never caches the cluster's other pods.
-    let pod_cfg = watcher::Config::default().labels(REVISION_HASH_LABEL).any_semantic();
+    let pod_cfg = watcher::Config::default()
+        .labels(REVISION_HASH_LABEL)
+        .any_semantic();
     macro_rules! spawn_reflector {
         ($api:expr, $cfg:expr, $writer:expr) => {
             tokio::spawn(
@@ -693,12 +911,26 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<
     }
     spawn_reflector!(ds_api, watcher::Config::default().any_semantic(), ds_writer);
     spawn_reflector!(pod_api, pod_cfg, pod_writer);
-    spawn_reflector!(node_api, watcher::Config::default().any_semantic(), node_writer);
+    spawn_reflector!(
+        node_api,
+        watcher::Config::default().any_semantic(),
+        node_writer
+    );
     spawn_reflector!(cr_api, watcher::Config::default().any_semantic(), cr_writer);
 
-    let stores = Stores { daemonsets: ds_store, pods: pod_store, nodes: node_store, revisions: cr_store };
+    let stores = Stores {
+        daemonsets: ds_store,
+        pods: pod_store,
+        nodes: node_store,
+        revisions: cr_store,
+    };
     let recorder = Recorder::new(client.clone(), Reporter::from("saferollout-operator"));
-    let ctx = Arc::new(Context { client: client.clone(), stores: stores.clone(), recorder, metrics });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        stores: stores.clone(),
+        recorder,
+        metrics,
+    });
 
     let controller = Controller::new(srs, watcher::Config::default().any_semantic());
     let sr_store = controller.store();
@@ -725,7 +957,8 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<
                 .into_iter()
                 .filter(|sr| {
                     let st = sr.status.as_ref();
-                    st.and_then(|s| s.target_revision.as_ref()) != st.and_then(|s| s.stable_revision.as_ref())
+                    st.and_then(|s| s.target_revision.as_ref())
+                        != st.and_then(|s| s.stable_revision.as_ref())
                         || st.is_none_or(|s| s.phase != Some(Phase::Succeeded))
                 })
                 .map(|sr| ObjectRef::from_obj(&*sr))
@@ -743,14 +976,28 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, watch_namespace: Option<
     controller
         .watches_shared_stream(ds_sub, move |ds| ds_map(ds.namespace(), ds.name_any()))
         .watches_shared_stream(pod_sub, move |pod| {
-            let owner = pod.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.clone());
-            owner.map(|ds| pod_map(pod.namespace(), ds)).unwrap_or_default()
+            let owner = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == "DaemonSet")
+                .map(|o| o.name.clone());
+            owner
+                .map(|ds| pod_map(pod.namespace(), ds))
+                .unwrap_or_default()
         })
         .watches_shared_stream(cr_sub, move |cr| {
             let ns = cr.namespace();
-            let owner = cr.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.clone());
+            let owner = cr
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == "DaemonSet")
+                .map(|o| o.name.clone());
             match owner {
-                Some(ds) if ds_store_for_cr.get(&ObjectRef::new(&ds).within(ns.as_deref().unwrap_or(""))).is_some() => {
+                Some(ds)
+                    if ds_store_for_cr
+                        .get(&ObjectRef::new(&ds).within(ns.as_deref().unwrap_or("")))
+                        .is_some() =>
+                {
                     cr_map(ns, ds)
                 }
                 _ => Vec::new(),
@@ -803,9 +1050,15 @@ mod tests {
     #[test]
     fn selectors_match_labels_and_expressions() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-        let labels: BTreeMap<String, String> =
-            [("zone".to_string(), "a".to_string()), ("canary".to_string(), "yes".to_string())].into();
-        let mut sel = LabelSelector { match_labels: Some([("canary".into(), "yes".into())].into()), ..Default::default() };
+        let labels: BTreeMap<String, String> = [
+            ("zone".to_string(), "a".to_string()),
+            ("canary".to_string(), "yes".to_string()),
+        ]
+        .into();
+        let mut sel = LabelSelector {
+            match_labels: Some([("canary".into(), "yes".into())].into()),
+            ..Default::default()
+        };
         assert!(selector_matches(&sel, &labels));
         sel.match_expressions = Some(vec![LabelSelectorRequirement {
             key: "zone".into(),
@@ -818,9 +1071,14 @@ mod tests {
     #[test]
     fn revision_template_strips_the_patch_directive() {
         let cr = ControllerRevision {
-            data: RawExtension(json!({"spec": {"template": {"$patch": "replace", "spec": {"containers": []}}}})),
+            data: RawExtension(
+                json!({"spec": {"template": {"$patch": "replace", "spec": {"containers": []}}}}),
+            ),
             ..Default::default()
         };
-        assert_eq!(revision_template(&cr), Some(json!({"spec": {"containers": []}})));
+        assert_eq!(
+            revision_template(&cr),
+            Some(json!({"spec": {"containers": []}}))
+        );
     }
 }

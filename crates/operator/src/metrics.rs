@@ -76,18 +76,46 @@ impl Default for Metrics {
             reconcile_errors: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("rollout_phase", "Current phase of each SafeRollout (1 = in this phase)", m.phase.clone());
-        registry.register("rollout_stage", "Current stage of each SafeRollout, 1-based (0 = idle)", m.stage.clone());
-        registry.register("gate_failures", "Health gate failures that caused a revert", m.gate_failures.clone());
-        registry.register("rollbacks", "Automatic reverts to the last good template", m.rollbacks.clone());
-        registry.register("stages_passed", "Rollout stages that passed every gate", m.stages_passed.clone());
-        registry.register("rollouts_succeeded", "Rollouts that reached every node", m.rollouts_succeeded.clone());
+        registry.register(
+            "rollout_phase",
+            "Current phase of each SafeRollout (1 = in this phase)",
+            m.phase.clone(),
+        );
+        registry.register(
+            "rollout_stage",
+            "Current stage of each SafeRollout, 1-based (0 = idle)",
+            m.stage.clone(),
+        );
+        registry.register(
+            "gate_failures",
+            "Health gate failures that caused a revert",
+            m.gate_failures.clone(),
+        );
+        registry.register(
+            "rollbacks",
+            "Automatic reverts to the last good template",
+            m.rollbacks.clone(),
+        );
+        registry.register(
+            "stages_passed",
+            "Rollout stages that passed every gate",
+            m.stages_passed.clone(),
+        );
+        registry.register(
+            "rollouts_succeeded",
+            "Rollouts that reached every node",
+            m.rollouts_succeeded.clone(),
+        );
         registry.register(
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
             m.reconcile_duration.clone(),
         );
-        registry.register("reconcile_errors", "Reconcile errors by kind", m.reconcile_errors.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconcile errors by kind",
+            m.reconcile_errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -95,22 +123,38 @@ impl Default for Metrics {
 impl Metrics {
     pub fn set_phase(&self, namespace: &str, name: &str, phase: &Phase) {
         for p in PHASES {
-            let labels = PhaseLabels { namespace: namespace.into(), name: name.into(), phase: format!("{p:?}") };
+            let labels = PhaseLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                phase: format!("{p:?}"),
+            };
             self.phase.get_or_create(&labels).set(i64::from(p == phase));
         }
     }
 
     pub fn set_stage(&self, namespace: &str, name: &str, stage: Option<i32>) {
-        let labels = RolloutLabels { namespace: namespace.into(), name: name.into() };
-        self.stage.get_or_create(&labels).set(stage.map_or(0, |s| i64::from(s) + 1));
+        let labels = RolloutLabels {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.stage
+            .get_or_create(&labels)
+            .set(stage.map_or(0, |s| i64::from(s) + 1));
     }
 
     /// Drops a deleted SafeRollout's series.
     pub fn forget(&self, namespace: &str, name: &str) {
         for p in PHASES {
-            self.phase.remove(&PhaseLabels { namespace: namespace.into(), name: name.into(), phase: format!("{p:?}") });
+            self.phase.remove(&PhaseLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                phase: format!("{p:?}"),
+            });
         }
-        self.stage.remove(&RolloutLabels { namespace: namespace.into(), name: name.into() });
+        self.stage.remove(&RolloutLabels {
+            namespace: namespace.into(),
+            name: name.into(),
+        });
     }
 
     pub fn observe_reconcile(&self, took: Duration) {
@@ -119,7 +163,8 @@ impl Metrics {
 
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
         out
     }
 }
@@ -132,7 +177,15 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
             "/metrics",
             get(move || {
                 let m = metrics.clone();
-                async move { ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.encode()) }
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
@@ -150,10 +203,22 @@ mod tests {
     fn phase_gauge_marks_exactly_one_phase() {
         let m = Metrics::default();
         m.set_phase("ns", "sr", &Phase::RollingBack);
-        m.rollbacks.get_or_create(&RolloutLabels { namespace: "ns".into(), name: "sr".into() }).inc();
+        m.rollbacks
+            .get_or_create(&RolloutLabels {
+                namespace: "ns".into(),
+                name: "sr".into(),
+            })
+            .inc();
         let text = m.encode();
-        assert!(text.contains(r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="RollingBack"} 1"#), "{text}");
-        assert!(text.contains(r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="Succeeded"} 0"#));
+        assert!(
+            text.contains(
+                r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="RollingBack"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="Succeeded"} 0"#
+        ));
         assert!(text.contains(r#"saferollout_rollbacks_total{namespace="ns",name="sr"} 1"#));
     }
 }

@@ -82,7 +82,10 @@ pub fn plan_stage(
     }
     let mut remaining: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for c in pool.iter().filter(|c| !c.on_target) {
-        remaining.entry(c.zone.as_deref().unwrap_or("")).or_default().push(&c.name);
+        remaining
+            .entry(c.zone.as_deref().unwrap_or(""))
+            .or_default()
+            .push(&c.name);
     }
     for names in remaining.values_mut() {
         names.sort_unstable();
@@ -97,7 +100,10 @@ pub fn plan_stage(
         else {
             break;
         };
-        let name = remaining.get_mut(zone).and_then(Vec::pop).expect("non-empty zone");
+        let name = remaining
+            .get_mut(zone)
+            .and_then(Vec::pop)
+            .expect("non-empty zone");
         *per_zone.entry(zone).or_default() += 1;
         picked.push(name.to_string());
         room -= 1;
@@ -111,7 +117,12 @@ mod tests {
     use super::*;
 
     fn node(name: &str, zone: &str) -> Candidate {
-        Candidate { name: name.into(), zone: Some(zone.into()), canary_eligible: true, on_target: false }
+        Candidate {
+            name: name.into(),
+            zone: Some(zone.into()),
+            canary_eligible: true,
+            on_target: false,
+        }
     }
 
     fn set(names: &[&str]) -> BTreeSet<String> {
@@ -129,12 +140,21 @@ mod tests {
     #[test]
     fn canary_takes_one_node_from_the_first_zone() {
         let nodes = [node("b-1", "b"), node("a-2", "a"), node("a-1", "a")];
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 1, true).unwrap(), vec!["a-1"]);
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 1, true).unwrap(),
+            vec!["a-1"]
+        );
     }
 
     #[test]
     fn stages_spread_across_zones() {
-        let nodes = [node("a-1", "a"), node("a-2", "a"), node("a-3", "a"), node("b-1", "b"), node("b-2", "b")];
+        let nodes = [
+            node("a-1", "a"),
+            node("a-2", "a"),
+            node("a-3", "a"),
+            node("b-1", "b"),
+            node("b-2", "b"),
+        ];
         let canary = plan_stage(&nodes, &BTreeSet::new(), 1, true).unwrap();
         assert_eq!(canary, vec!["a-1"]);
         // Next stage to 3 in total: b first (fewest so far), then a/b alternate.
@@ -146,7 +166,9 @@ mod tests {
 
     #[test]
     fn never_takes_more_than_the_stage_asks() {
-        let nodes: Vec<_> = (0..10).map(|i| node(&format!("n-{i}"), if i % 2 == 0 { "a" } else { "b" })).collect();
+        let nodes: Vec<_> = (0..10)
+            .map(|i| node(&format!("n-{i}"), if i % 2 == 0 { "a" } else { "b" }))
+            .collect();
         for target in 1..=10 {
             let picked = plan_stage(&nodes, &BTreeSet::new(), target, false).unwrap();
             assert_eq!(picked.len(), target);
@@ -155,18 +177,31 @@ mod tests {
         let picked = plan_stage(&nodes, &set(&["n-0", "n-1", "n-2"]), 4, false).unwrap();
         assert_eq!(picked.len(), 1);
         // A target already met adds nothing.
-        assert!(plan_stage(&nodes, &set(&["n-0", "n-1"]), 2, false).unwrap().is_empty());
+        assert!(
+            plan_stage(&nodes, &set(&["n-0", "n-1"]), 2, false)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
     fn already_updated_nodes_count_and_come_first() {
         let mut nodes = vec![node("a-1", "a"), node("a-2", "a"), node("b-1", "b")];
         nodes[2].on_target = true;
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 1, false).unwrap(), vec!["b-1"]);
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 2, false).unwrap(), vec!["a-1", "b-1"]);
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 1, false).unwrap(),
+            vec!["b-1"]
+        );
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 2, false).unwrap(),
+            vec!["a-1", "b-1"]
+        );
         // More already updated than asked: reported, nothing else added.
         nodes[0].on_target = true;
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 1, false).unwrap(), vec!["a-1", "b-1"]);
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 1, false).unwrap(),
+            vec!["a-1", "b-1"]
+        );
     }
 
     #[test]
@@ -174,23 +209,43 @@ mod tests {
         let mut nodes = vec![node("a-1", "a"), node("b-1", "b"), node("b-2", "b")];
         nodes[0].canary_eligible = false;
         nodes[1].canary_eligible = false;
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 1, true).unwrap(), vec!["b-2"]);
-        assert_eq!(plan_stage(&nodes, &set(&["b-2"]), 3, false).unwrap(), vec!["a-1", "b-1"]);
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 1, true).unwrap(),
+            vec!["b-2"]
+        );
+        assert_eq!(
+            plan_stage(&nodes, &set(&["b-2"]), 3, false).unwrap(),
+            vec!["a-1", "b-1"]
+        );
         nodes[2].canary_eligible = false;
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 1, true), Err(PlanError::NoCanaryNode));
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 1, true),
+            Err(PlanError::NoCanaryNode)
+        );
     }
 
     #[test]
     fn nodes_without_zone_form_their_own_group() {
         let nodes = [
-            Candidate { name: "x".into(), zone: None, canary_eligible: true, on_target: false },
+            Candidate {
+                name: "x".into(),
+                zone: None,
+                canary_eligible: true,
+                on_target: false,
+            },
             node("a-1", "a"),
         ];
-        assert_eq!(plan_stage(&nodes, &BTreeSet::new(), 2, false).unwrap(), vec!["a-1", "x"]);
+        assert_eq!(
+            plan_stage(&nodes, &BTreeSet::new(), 2, false).unwrap(),
+            vec!["a-1", "x"]
+        );
     }
 
     #[test]
     fn no_nodes_is_an_error() {
-        assert_eq!(plan_stage(&[], &BTreeSet::new(), 1, true), Err(PlanError::NoNodes));
+        assert_eq!(
+            plan_stage(&[], &BTreeSet::new(), 1, true),
+            Err(PlanError::NoNodes)
+        );
     }
 }

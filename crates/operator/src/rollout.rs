@@ -14,7 +14,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{
-    BlockedRevision, GateStatus, Phase, SafeRolloutSpec, SafeRolloutStatus, StageState, StageStatus, resolve_count, RETRY_ANNOTATION,
+    BlockedRevision, GateStatus, Phase, RETRY_ANNOTATION, SafeRolloutSpec, SafeRolloutStatus,
+    StageState, StageStatus, resolve_count,
 };
 
 use crate::conditions::{self, DEGRADED, PROGRESSING, READY};
@@ -38,7 +39,10 @@ pub struct DaemonSetView {
 
 impl DaemonSetView {
     pub fn is_on_delete(&self) -> bool {
-        self.update_strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("OnDelete")
+        self.update_strategy
+            .as_ref()
+            .and_then(|s| s.type_.as_deref())
+            == Some("OnDelete")
     }
 }
 
@@ -94,7 +98,11 @@ pub enum Action {
     UnlabelNodes { nodes: Vec<String> },
     /// Delete these agent pods (name, node) so the DaemonSet controller recreates them.
     DeletePods { pods: Vec<(String, String)> },
-    Event { warning: bool, reason: String, message: String },
+    Event {
+        warning: bool,
+        reason: String,
+        message: String,
+    },
 }
 
 /// The machine's answer.
@@ -111,12 +119,24 @@ fn stalled(st: &mut SafeRolloutStatus, o: &Observed, phase: Phase, reason: &str,
     st.phase = Some(phase);
     st.message = Some(message.clone());
     let cs = &mut st.conditions;
-    conditions::set(cs, READY, false, reason, message.clone(), o.generation, o.now);
+    conditions::set(
+        cs,
+        READY,
+        false,
+        reason,
+        message.clone(),
+        o.generation,
+        o.now,
+    );
     conditions::set(cs, PROGRESSING, false, reason, message, o.generation, o.now);
 }
 
 fn event(actions: &mut Vec<Action>, warning: bool, reason: &str, message: impl Into<String>) {
-    actions.push(Action::Event { warning, reason: reason.into(), message: message.into() });
+    actions.push(Action::Event {
+        warning,
+        reason: reason.into(),
+        message: message.into(),
+    });
 }
 
 pub fn is_blocked(st: &SafeRolloutStatus, revision: &str) -> bool {
@@ -124,7 +144,9 @@ pub fn is_blocked(st: &SafeRolloutStatus, revision: &str) -> bool {
 }
 
 fn is_source_blocked(st: &SafeRolloutStatus, source: &str) -> bool {
-    st.blocked_revisions.iter().any(|b| b.template_hash.as_deref() == Some(source))
+    st.blocked_revisions
+        .iter()
+        .any(|b| b.template_hash.as_deref() == Some(source))
 }
 
 /// The pods of all nodes whose agent is not of `revision` (and not already going away).
@@ -140,7 +162,10 @@ fn pods_not_on(pods: &BTreeMap<String, Vec<AgentPod>>, revision: &str) -> Vec<(S
 fn converged_on(pods: &BTreeMap<String, Vec<AgentPod>>, revision: &str) -> bool {
     pods.values().all(|ps| {
         let live: Vec<_> = ps.iter().filter(|p| !p.deleting).collect();
-        ps.iter().all(|p| !p.deleting) && live.len() == 1 && live[0].revision == revision && live[0].ready
+        ps.iter().all(|p| !p.deleting)
+            && live.len() == 1
+            && live[0].revision == revision
+            && live[0].ready
     })
 }
 
@@ -149,7 +174,11 @@ pub fn decide(o: &Observed) -> Decision {
     let mut actions = Vec::new();
     st.observed_generation = o.generation;
     let requeue_after = step(o, &mut st, &mut actions);
-    Decision { status: st, actions, requeue_after }
+    Decision {
+        status: st,
+        actions,
+        requeue_after,
+    }
 }
 
 fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> Option<Duration> {
@@ -159,22 +188,44 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
             o,
             Phase::Pending,
             "TargetNotFound",
-            format!("DaemonSet {:?} not found in this namespace", o.spec.target_ref.name),
+            format!(
+                "DaemonSet {:?} not found in this namespace",
+                o.spec.target_ref.name
+            ),
         );
         return None; // the DaemonSet watch wakes us when it appears
     };
 
     // 1. Take over the DaemonSet's updates, remembering how it was set.
     if st.original_update_strategy.is_none() {
-        st.original_update_strategy = ds.update_strategy.clone().or_else(|| Some(Default::default()));
+        st.original_update_strategy = ds
+            .update_strategy
+            .clone()
+            .or_else(|| Some(Default::default()));
     }
     if !ds.is_on_delete() {
         actions.push(Action::TakeOverUpdates);
-        stalled(st, o, Phase::Pending, "TakingOver", "setting the DaemonSet's updateStrategy to OnDelete".into());
+        stalled(
+            st,
+            o,
+            Phase::Pending,
+            "TakingOver",
+            "setting the DaemonSet's updateStrategy to OnDelete".into(),
+        );
         return None;
     }
-    let Some(current) = ds.current_revision.as_deref().filter(|_| ds.observed_generation >= ds.generation) else {
-        stalled(st, o, Phase::Pending, "WaitingForDaemonSet", "waiting for the DaemonSet controller".into());
+    let Some(current) = ds
+        .current_revision
+        .as_deref()
+        .filter(|_| ds.observed_generation >= ds.generation)
+    else {
+        stalled(
+            st,
+            o,
+            Phase::Pending,
+            "WaitingForDaemonSet",
+            "waiting for the DaemonSet controller".into(),
+        );
         return None;
     };
 
@@ -188,7 +239,9 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         }
     };
     if o.backup_revision != Some(stable.as_str()) && ds.known_revisions.contains(&stable) {
-        actions.push(Action::BackupTemplate { revision: stable.clone() });
+        actions.push(Action::BackupTemplate {
+            revision: stable.clone(),
+        });
     }
     if o.backup_revision.is_none() && !ds.known_revisions.contains(&stable) {
         stalled(
@@ -196,7 +249,9 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
             o,
             Phase::Failed,
             "NoLastGoodTemplate",
-            format!("the DaemonSet no longer has revision {stable} and no backup exists; refusing to change anything"),
+            format!(
+                "the DaemonSet no longer has revision {stable} and no backup exists; refusing to change anything"
+            ),
         );
         return None;
     }
@@ -207,9 +262,15 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     {
         st.last_retry = Some(retry.to_string());
         let before = st.blocked_revisions.len();
-        st.blocked_revisions.retain(|b| b.revision != retry && b.template_hash.as_deref() != Some(retry));
+        st.blocked_revisions
+            .retain(|b| b.revision != retry && b.template_hash.as_deref() != Some(retry));
         if st.blocked_revisions.len() != before {
-            event(actions, false, "RetryRequested", format!("revision {retry} unblocked by the retry annotation"));
+            event(
+                actions,
+                false,
+                "RetryRequested",
+                format!("revision {retry} unblocked by the retry annotation"),
+            );
         }
     }
 
@@ -238,7 +299,13 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         st.target_revision = None;
         st.current_stage = None;
         st.stages.clear();
-        stalled(st, o, Phase::Progressing, "ApplyingTemplate", "writing spec.template to the DaemonSet".into());
+        stalled(
+            st,
+            o,
+            Phase::Progressing,
+            "ApplyingTemplate",
+            "writing spec.template to the DaemonSet".into(),
+        );
         conditions::set(
             &mut st.conditions,
             PROGRESSING,
@@ -257,7 +324,9 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         // A blocked revision is on the DaemonSet: written again by a person or
         // Helm, or left by a crash mid-revert. Never roll it; restore the last good.
         actions.push(Action::RestoreLastGood);
-        let msg = format!("revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation); restoring {stable}");
+        let msg = format!(
+            "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation); restoring {stable}"
+        );
         stalled(st, o, Phase::Degraded, "BlockedRevision", msg);
         return None;
     }
@@ -270,7 +339,10 @@ fn adopt_stable(pods: &BTreeMap<String, Vec<AgentPod>>, current: &str) -> String
     for p in pods.values().flatten().filter(|p| !p.deleting) {
         *counts.entry(p.revision.as_str()).or_default() += 1;
     }
-    let best = counts.iter().max_by_key(|(rev, n)| (**n, *rev == &current)).map(|(r, _)| r.to_string());
+    let best = counts
+        .iter()
+        .max_by_key(|(rev, n)| (**n, *rev == &current))
+        .map(|(r, _)| r.to_string());
     best.unwrap_or_else(|| current.to_string())
 }
 
@@ -285,7 +357,10 @@ fn settle(
     _ds: &DaemonSetView,
 ) -> Option<Duration> {
     let now = o.now;
-    let reverted = st.target_revision.as_deref().is_some_and(|t| t != stable && is_blocked(st, t));
+    let reverted = st
+        .target_revision
+        .as_deref()
+        .is_some_and(|t| t != stable && is_blocked(st, t));
     if current != stable {
         // Blocked spec.template: the DaemonSet holds a template we did not roll out; restore.
         actions.push(Action::RestoreLastGood);
@@ -303,15 +378,29 @@ fn settle(
         } else {
             format!("bringing every node back to revision {stable}")
         };
-        st.phase = Some(if reverted { Phase::RollingBack } else { Phase::Progressing });
+        st.phase = Some(if reverted {
+            Phase::RollingBack
+        } else {
+            Phase::Progressing
+        });
         st.message = Some(msg.clone());
         let cs = &mut st.conditions;
-        conditions::set(cs, PROGRESSING, true, "RollingBack", msg.clone(), o.generation, now);
+        conditions::set(
+            cs,
+            PROGRESSING,
+            true,
+            "RollingBack",
+            msg.clone(),
+            o.generation,
+            now,
+        );
         conditions::set(cs, READY, false, "RollingBack", msg, o.generation, now);
         return None; // pod events wake us
     }
     if !o.labelled_nodes.is_empty() {
-        actions.push(Action::UnlabelNodes { nodes: o.labelled_nodes.iter().cloned().collect() });
+        actions.push(Action::UnlabelNodes {
+            nodes: o.labelled_nodes.iter().cloned().collect(),
+        });
     }
     let cs = &mut st.conditions;
     if reverted {
@@ -323,19 +412,41 @@ fn settle(
             .map(|b| b.message.clone())
             .unwrap_or_default();
         if st.phase != Some(Phase::Degraded) {
-            event(actions, true, "RolledBack", format!("every node is back on revision {stable}"));
+            event(
+                actions,
+                true,
+                "RolledBack",
+                format!("every node is back on revision {stable}"),
+            );
         }
-        let msg = format!("revision {target} was reverted; every node runs revision {stable}: {reason}");
+        let msg =
+            format!("revision {target} was reverted; every node runs revision {stable}: {reason}");
         st.phase = Some(Phase::Degraded);
         st.message = Some(msg.clone());
-        conditions::set(cs, PROGRESSING, false, "RolledBack", msg.clone(), o.generation, now);
+        conditions::set(
+            cs,
+            PROGRESSING,
+            false,
+            "RolledBack",
+            msg.clone(),
+            o.generation,
+            now,
+        );
         conditions::set(cs, READY, false, "RolledBack", msg, o.generation, now);
         // Degraded stays True (set when the gate failed) until a new revision or a retry.
     } else {
         let msg = format!("every node runs revision {stable}");
         st.phase = Some(Phase::Succeeded);
         st.message = Some(msg.clone());
-        conditions::set(cs, PROGRESSING, false, "Idle", msg.clone(), o.generation, now);
+        conditions::set(
+            cs,
+            PROGRESSING,
+            false,
+            "Idle",
+            msg.clone(),
+            o.generation,
+            now,
+        );
         conditions::set(cs, READY, true, "Succeeded", msg, o.generation, now);
         conditions::set(cs, DEGRADED, false, "Healthy", "", o.generation, now);
     }
@@ -343,7 +454,12 @@ fn settle(
 }
 
 /// Take `target` through the stages.
-fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, target: &str) -> Option<Duration> {
+fn roll(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    target: &str,
+) -> Option<Duration> {
     let now = o.now;
     // A new revision, or one tried before and unblocked by a retry: start over.
     let retried = st.stages.iter().any(|s| s.state == StageState::Failed);
@@ -355,7 +471,10 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
             actions,
             false,
             "RolloutStarted",
-            format!("rolling out revision {target} (stable: {})", st.stable_revision.as_deref().unwrap_or("")),
+            format!(
+                "rolling out revision {target} (stable: {})",
+                st.stable_revision.as_deref().unwrap_or("")
+            ),
         );
         conditions::set(
             &mut st.conditions,
@@ -375,7 +494,10 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
 
     let stage_specs = o.spec.effective_stages();
     // The schema rejects malformed durations; a default stands in for one that slipped through.
-    let progress_deadline = o.spec.progress_deadline_duration().unwrap_or(Duration::from_secs(600));
+    let progress_deadline = o
+        .spec
+        .progress_deadline_duration()
+        .unwrap_or(Duration::from_secs(600));
     let index = st.current_stage.unwrap_or(0) as usize;
     let index = index.min(stage_specs.len().saturating_sub(1));
     let stage_spec = &stage_specs[index];
@@ -384,8 +506,11 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
     // Plan the stage: nodes and baselines are written to status before any node is touched.
     if stages.len() <= index {
         // Nodes of earlier stages count, unless they have left the cluster.
-        let taken: BTreeSet<String> =
-            stages.iter().flat_map(|s| s.nodes.iter().cloned()).filter(|n| o.nodes.contains_key(n)).collect();
+        let taken: BTreeSet<String> = stages
+            .iter()
+            .flat_map(|s| s.nodes.iter().cloned())
+            .filter(|n| o.nodes.contains_key(n))
+            .collect();
         let candidates: Vec<Candidate> = o
             .pods
             .iter()
@@ -413,8 +538,11 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
             .iter()
             .map(|n| {
                 let alloc = &o.nodes[n].state.allocatable;
-                let per_res =
-                    o.gated_resources.iter().map(|r| (r.clone(), alloc.get(r).copied().unwrap_or(0))).collect();
+                let per_res = o
+                    .gated_resources
+                    .iter()
+                    .map(|r| (r.clone(), alloc.get(r).copied().unwrap_or(0)))
+                    .collect();
                 (n.clone(), per_res)
             })
             .collect();
@@ -422,9 +550,18 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
             actions,
             false,
             "StageStarted",
-            format!("stage {} of {}: {} node(s): {}", index + 1, stage_specs.len(), picked.len(), picked.join(", ")),
+            format!(
+                "stage {} of {}: {} node(s): {}",
+                index + 1,
+                stage_specs.len(),
+                picked.len(),
+                picked.join(", ")
+            ),
         );
-        actions.push(Action::LabelNodes { nodes: picked.clone(), stage: index });
+        actions.push(Action::LabelNodes {
+            nodes: picked.clone(),
+            stage: index,
+        });
         stages.push(StageStatus {
             index: index as i32,
             nodes: picked,
@@ -442,8 +579,11 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
         .flat_map(|s| s.nodes.iter().cloned())
         .filter(|n| o.nodes.contains_key(n))
         .collect();
-    let baseline: BTreeMap<String, BTreeMap<String, i64>> =
-        stages.iter().take(index + 1).flat_map(|s| s.baseline.clone()).collect();
+    let baseline: BTreeMap<String, BTreeMap<String, i64>> = stages
+        .iter()
+        .take(index + 1)
+        .flat_map(|s| s.baseline.clone())
+        .collect();
     let stage = &mut stages[index];
     let stage_started = stage.started_at.as_ref().map(|t| t.0).unwrap_or(now);
 
@@ -454,12 +594,16 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
             let ps = o.pods.get(*n).map(Vec::as_slice).unwrap_or_default();
             let live: Vec<_> = ps.iter().filter(|p| !p.deleting).collect();
             let replaced_ok = live.iter().any(|p| p.revision == target && p.ready);
-            let untouched = live.iter().any(|p| p.revision != target) && !ps.iter().any(|p| p.deleting);
+            let untouched =
+                live.iter().any(|p| p.revision != target) && !ps.iter().any(|p| p.deleting);
             !replaced_ok && !untouched
         })
         .count();
     let max_unavailable = resolve_count(&o.spec.max_unavailable, stage.nodes.len().max(1), false);
-    let budget = max_unavailable.unwrap_or(1).max(1).saturating_sub(in_flight);
+    let budget = max_unavailable
+        .unwrap_or(1)
+        .max(1)
+        .saturating_sub(in_flight);
     let mut to_delete: Vec<(String, String)> = rollout_nodes
         .iter()
         .filter_map(|n| o.pods.get(n))
@@ -470,18 +614,24 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
     let waiting_to_replace = to_delete.len();
     to_delete.truncate(budget);
     if !to_delete.is_empty() {
-        actions.push(Action::DeletePods { pods: to_delete.clone() });
+        actions.push(Action::DeletePods {
+            pods: to_delete.clone(),
+        });
     }
 
     // Judge.
     let snapshot = Snapshot {
         nodes: &rollout_nodes,
         pods: o.pods,
-        node_states: &o.nodes.iter().map(|(k, v)| (k.clone(), v.state.clone())).collect(),
+        node_states: &o
+            .nodes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.state.clone()))
+            .collect(),
         target_revision: target,
         baseline: &baseline,
         stage_started,
-        progress_deadline: progress_deadline,
+        progress_deadline,
         now,
     };
     let results = gates::evaluate_all(o.spec, &snapshot, &stage.gates);
@@ -501,7 +651,10 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
             (Some(obs), Some(exp)) => format!(" (observed {obs}, expected {exp})"),
             _ => String::new(),
         };
-        let message = format!("gate {} failed on node {node}: {}{detail}", f.gate, f.message);
+        let message = format!(
+            "gate {} failed on node {node}: {}{detail}",
+            f.gate, f.message
+        );
         stage.state = StageState::Failed;
         st.blocked_revisions.push(BlockedRevision {
             revision: target.to_string(),
@@ -513,28 +666,80 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
         st.phase = Some(Phase::RollingBack);
         st.message = Some(message.clone());
         let cs = &mut st.conditions;
-        conditions::set(cs, DEGRADED, true, &format!("{}Failed", gate_reason(&f.gate)), message.clone(), o.generation, now);
-        conditions::set(cs, PROGRESSING, true, "RollingBack", format!("reverting revision {target}"), o.generation, now);
-        conditions::set(cs, READY, false, "RollingBack", message.clone(), o.generation, now);
+        conditions::set(
+            cs,
+            DEGRADED,
+            true,
+            &format!("{}Failed", gate_reason(&f.gate)),
+            message.clone(),
+            o.generation,
+            now,
+        );
+        conditions::set(
+            cs,
+            PROGRESSING,
+            true,
+            "RollingBack",
+            format!("reverting revision {target}"),
+            o.generation,
+            now,
+        );
+        conditions::set(
+            cs,
+            READY,
+            false,
+            "RollingBack",
+            message.clone(),
+            o.generation,
+            now,
+        );
         event(actions, true, "GateFailed", message);
         actions.push(Action::RestoreLastGood);
         return None;
     }
 
     let cs = &mut st.conditions;
-    let progress_msg = format!("stage {} of {}: rolling out revision {target}", index + 1, stage_specs.len());
-    conditions::set(cs, PROGRESSING, true, "RollingOut", progress_msg.clone(), o.generation, now);
-    conditions::set(cs, READY, false, "RollingOut", progress_msg.clone(), o.generation, now);
+    let progress_msg = format!(
+        "stage {} of {}: rolling out revision {target}",
+        index + 1,
+        stage_specs.len()
+    );
+    conditions::set(
+        cs,
+        PROGRESSING,
+        true,
+        "RollingOut",
+        progress_msg.clone(),
+        o.generation,
+        now,
+    );
+    conditions::set(
+        cs,
+        READY,
+        false,
+        "RollingOut",
+        progress_msg.clone(),
+        o.generation,
+        now,
+    );
     st.phase = Some(Phase::Progressing);
     st.message = Some(progress_msg);
 
     if !passed {
-        stage.state = if waiting_to_replace > 0 { StageState::Replacing } else { StageState::Verifying };
+        stage.state = if waiting_to_replace > 0 {
+            StageState::Replacing
+        } else {
+            StageState::Verifying
+        };
         stage.verified_at = None;
         // Wake for the deadline, or when a soaking gate may have soaked.
         let to_deadline = progress_deadline.saturating_sub(gates::elapsed(stage_started, now));
         let soak_wake = next_soak_check.map(|_| Duration::from_secs(1));
-        return Some(soak_wake.map_or(to_deadline, |s| s.min(to_deadline)).max(Duration::from_millis(500)));
+        return Some(
+            soak_wake
+                .map_or(to_deadline, |s| s.min(to_deadline))
+                .max(Duration::from_millis(500)),
+        );
     }
 
     // Gates passed: soak the stage, maybe wait for approval, then go on.
@@ -553,11 +758,24 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
         );
         st.phase = Some(Phase::Paused);
         st.message = Some(msg.clone());
-        conditions::set(cs, PROGRESSING, true, "AwaitingApproval", msg, o.generation, now);
+        conditions::set(
+            cs,
+            PROGRESSING,
+            true,
+            "AwaitingApproval",
+            msg,
+            o.generation,
+            now,
+        );
         return None;
     }
     stage.state = StageState::Passed;
-    event(actions, false, "StagePassed", format!("stage {} of {} passed", index + 1, stage_specs.len()));
+    event(
+        actions,
+        false,
+        "StagePassed",
+        format!("stage {} of {} passed", index + 1, stage_specs.len()),
+    );
     if index + 1 < stage_specs.len() {
         st.current_stage = Some(index as i32 + 1);
         return Some(Duration::ZERO);
@@ -566,7 +784,9 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
     // Every stage passed: the target is the new last good revision.
     st.stable_revision = Some(target.to_string());
     st.current_stage = None;
-    actions.push(Action::BackupTemplate { revision: target.to_string() });
+    actions.push(Action::BackupTemplate {
+        revision: target.to_string(),
+    });
     let labelled: Vec<String> = o.labelled_nodes.iter().cloned().collect();
     if !labelled.is_empty() {
         actions.push(Action::UnlabelNodes { nodes: labelled });
@@ -575,7 +795,15 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
     st.phase = Some(Phase::Succeeded);
     st.message = Some(msg.clone());
     conditions::set(cs, READY, true, "Succeeded", msg.clone(), o.generation, now);
-    conditions::set(cs, PROGRESSING, false, "Idle", msg.clone(), o.generation, now);
+    conditions::set(
+        cs,
+        PROGRESSING,
+        false,
+        "Idle",
+        msg.clone(),
+        o.generation,
+        now,
+    );
     conditions::set(cs, DEGRADED, false, "Healthy", "", o.generation, now);
     event(actions, false, "RolloutSucceeded", msg);
     None
@@ -585,7 +813,10 @@ fn roll(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, tar
 fn gate_reason(gate: &str) -> String {
     let base = gate.split('/').next().unwrap_or(gate);
     let mut chars = base.chars();
-    chars.next().map(|c| c.to_ascii_uppercase().to_string() + chars.as_str()).unwrap_or_default()
+    chars
+        .next()
+        .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

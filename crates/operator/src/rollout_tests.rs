@@ -9,8 +9,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use saferollout_api::{
-    AllocatableGate, BlockedRevision, DurationString, Gates, Phase, SafeRolloutSpec, SafeRolloutStatus, Stage,
-    StageState,
+    AllocatableGate, BlockedRevision, DurationString, Gates, Phase, SafeRolloutSpec,
+    SafeRolloutStatus, Stage, StageState,
 };
 
 use super::*;
@@ -58,7 +58,10 @@ impl Model {
             ds: DaemonSetView {
                 generation: 1,
                 observed_generation: 1,
-                update_strategy: Some(DaemonSetUpdateStrategy { type_: Some("RollingUpdate".into()), ..Default::default() }),
+                update_strategy: Some(DaemonSetUpdateStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    ..Default::default()
+                }),
                 current_revision: Some("v1".into()),
                 template_source: None,
                 known_revisions: BTreeSet::from(["v1".to_string()]),
@@ -108,7 +111,10 @@ impl Model {
             node: node.into(),
             revision: revision.into(),
             running: release != Release::Crashloop,
-            ready: matches!(release, Release::Healthy | Release::Broken | Release::Overcount),
+            ready: matches!(
+                release,
+                Release::Healthy | Release::Broken | Release::Overcount
+            ),
             deleting: false,
             waiting_reason: (release == Release::Crashloop).then(|| "CrashLoopBackOff".to_string()),
             waiting_message: None,
@@ -119,7 +125,12 @@ impl Model {
             Release::Overcount => 2 * GPUS,
             Release::Broken | Release::Crashloop => 0,
         };
-        self.nodes.get_mut(node).unwrap().state.allocatable.insert("example.com/gpu".into(), gpus);
+        self.nodes
+            .get_mut(node)
+            .unwrap()
+            .state
+            .allocatable
+            .insert("example.com/gpu".into(), gpus);
         self.pods.insert(node.into(), vec![pod]);
     }
 
@@ -158,8 +169,10 @@ impl Model {
             self.actions_log.push(a.clone());
             match a {
                 Action::TakeOverUpdates => {
-                    self.ds.update_strategy =
-                        Some(DaemonSetUpdateStrategy { type_: Some("OnDelete".into()), ..Default::default() })
+                    self.ds.update_strategy = Some(DaemonSetUpdateStrategy {
+                        type_: Some("OnDelete".into()),
+                        ..Default::default()
+                    })
                 }
                 Action::BackupTemplate { revision } => self.backup = Some(revision.clone()),
                 Action::ApplySpecTemplate => {
@@ -189,8 +202,15 @@ impl Model {
                 Action::Event { .. } => {}
             }
         }
-        if let (Some(target), Some(stage)) = (&self.status.target_revision, self.status.current_stage) {
-            let on_target = self.pods.values().flatten().filter(|p| &p.revision == target).count();
+        if let (Some(target), Some(stage)) =
+            (&self.status.target_revision, self.status.current_stage)
+        {
+            let on_target = self
+                .pods
+                .values()
+                .flatten()
+                .filter(|p| &p.revision == target)
+                .count();
             let e = self.max_on_target.entry(stage as usize).or_default();
             *e = (*e).max(on_target);
         }
@@ -201,18 +221,31 @@ impl Model {
     /// Ticks until nothing changes and nothing is pending.
     fn run(&mut self, max_ticks: usize) {
         for _ in 0..max_ticks {
-            let before = (self.status.clone(), self.pods.clone(), self.ds.current_revision.clone());
+            let before = (
+                self.status.clone(),
+                self.pods.clone(),
+                self.ds.current_revision.clone(),
+            );
             let d = self.tick();
-            let after = (self.status.clone(), self.pods.clone(), self.ds.current_revision.clone());
+            let after = (
+                self.status.clone(),
+                self.pods.clone(),
+                self.ds.current_revision.clone(),
+            );
             if d.actions.is_empty() && d.requeue_after.is_none() && before == after {
                 return;
             }
         }
-        panic!("did not settle in {max_ticks} ticks; status: {:#?}", self.status);
+        panic!(
+            "did not settle in {max_ticks} ticks; status: {:#?}",
+            self.status
+        );
     }
 
     fn all_on(&self, revision: &str) -> bool {
-        self.pods.values().all(|ps| ps.len() == 1 && ps[0].revision == revision)
+        self.pods
+            .values()
+            .all(|ps| ps.len() == 1 && ps[0].revision == revision)
     }
 
     fn degraded_reason(&self) -> Option<String> {
@@ -235,7 +268,10 @@ fn adopting_records_the_original_strategy_and_backs_up_first() {
     let d = m.tick();
     assert_eq!(d.actions, vec![Action::TakeOverUpdates]);
     assert_eq!(
-        m.status.original_update_strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        m.status
+            .original_update_strategy
+            .as_ref()
+            .and_then(|s| s.type_.as_deref()),
         Some("RollingUpdate")
     );
     m.tick();
@@ -260,9 +296,18 @@ fn a_healthy_revision_goes_through_every_stage_within_its_size() {
     let sizes: Vec<usize> = m.status.stages.iter().map(|s| s.nodes.len()).collect();
     assert_eq!(sizes, vec![1, 1, 8, 10]);
     for (stage, limit) in [(0, 1), (1, 2), (2, 10), (3, 20)] {
-        assert!(m.max_on_target[&stage] <= limit, "stage {stage}: {} on target", m.max_on_target[&stage]);
+        assert!(
+            m.max_on_target[&stage] <= limit,
+            "stage {stage}: {} on target",
+            m.max_on_target[&stage]
+        );
     }
-    assert!(m.status.stages.iter().all(|s| s.state == StageState::Passed));
+    assert!(
+        m.status
+            .stages
+            .iter()
+            .all(|s| s.state == StageState::Passed)
+    );
     // Canary and second stage landed in different zones.
     let canary = &m.status.stages[0].nodes[0];
     let second = &m.status.stages[1].nodes[0];
@@ -277,11 +322,25 @@ fn max_unavailable_limits_pods_replaced_at_once() {
     // Pods of v2 become Ready only when we let them: model it as Unready first.
     m.new_revision("v2", Release::Unready);
     let d = m.tick(); // plans the stage
-    let deleted: usize =
-        d.actions.iter().map(|a| if let Action::DeletePods { pods } = a { pods.len() } else { 0 }).sum();
+    let deleted: usize = d
+        .actions
+        .iter()
+        .map(|a| {
+            if let Action::DeletePods { pods } = a {
+                pods.len()
+            } else {
+                0
+            }
+        })
+        .sum();
     assert_eq!(deleted, 3);
     let d = m.tick();
-    assert!(!d.actions.iter().any(|a| matches!(a, Action::DeletePods { .. })), "3 in flight, none Ready");
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeletePods { .. })),
+        "3 in flight, none Ready"
+    );
 }
 
 #[test]
@@ -291,16 +350,32 @@ fn a_broken_release_is_reverted_at_the_canary() {
     m.run(200);
     assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
     assert_eq!(m.degraded_reason().as_deref(), Some("AllocatableFailed"));
-    assert_eq!(m.touched.len(), 1, "only the canary node got the new revision: {:?}", m.touched);
+    assert_eq!(
+        m.touched.len(),
+        1,
+        "only the canary node got the new revision: {:?}",
+        m.touched
+    );
     assert!(m.all_on("v1"));
     assert_eq!(m.ds.current_revision.as_deref(), Some("v1"));
-    assert!(m.nodes.values().all(|n| n.state.allocatable["example.com/gpu"] == GPUS));
+    assert!(
+        m.nodes
+            .values()
+            .all(|n| n.state.allocatable["example.com/gpu"] == GPUS)
+    );
     let blocked: &BlockedRevision = &m.status.blocked_revisions[0];
     assert_eq!(blocked.revision, "v2");
     assert_eq!(blocked.reason, "BelowMinimum");
-    assert!(blocked.message.contains("observed 0, expected >= 8"), "{}", blocked.message);
+    assert!(
+        blocked.message.contains("observed 0, expected >= 8"),
+        "{}",
+        blocked.message
+    );
     assert!(m.labelled.is_empty());
-    assert!(!conditions::is_true(&m.status.conditions, conditions::READY));
+    assert!(!conditions::is_true(
+        &m.status.conditions,
+        conditions::READY
+    ));
 }
 
 #[test]
@@ -320,7 +395,10 @@ fn a_crashlooping_release_fails_fast() {
     m.run(200);
     assert_eq!(m.status.blocked_revisions[0].reason, "CrashLoopBackOff");
     assert_eq!(m.degraded_reason().as_deref(), Some("PodsReadyFailed"));
-    let took = m.status.blocked_revisions[0].blocked_at.0.duration_since(start);
+    let took = m.status.blocked_revisions[0]
+        .blocked_at
+        .0
+        .duration_since(start);
     assert!(took < jiff::SignedDuration::from_secs(10), "took {took:?}");
     assert!(m.all_on("v1"));
 }
@@ -333,9 +411,15 @@ fn a_never_ready_release_fails_at_the_deadline() {
     for _ in 0..25 {
         m.tick();
     }
-    assert!(m.status.blocked_revisions.is_empty(), "not before the deadline");
+    assert!(
+        m.status.blocked_revisions.is_empty(),
+        "not before the deadline"
+    );
     m.run(200);
-    assert_eq!(m.status.blocked_revisions[0].reason, "ProgressDeadlineExceeded");
+    assert_eq!(
+        m.status.blocked_revisions[0].reason,
+        "ProgressDeadlineExceeded"
+    );
 }
 
 #[test]
@@ -347,7 +431,11 @@ fn a_blocked_revision_written_again_is_not_rolled() {
     // Helm applies the same template again.
     m.new_revision("v2", Release::Broken);
     m.run(50);
-    assert_eq!(m.ds.current_revision.as_deref(), Some("v1"), "restored again");
+    assert_eq!(
+        m.ds.current_revision.as_deref(),
+        Some("v1"),
+        "restored again"
+    );
     assert_eq!(m.touched, touched, "no node replaced");
     assert_eq!(m.status.blocked_revisions.len(), 1);
 }
@@ -384,14 +472,24 @@ fn spec_paused_replaces_nothing() {
 #[test]
 fn a_pausing_stage_waits_for_approval() {
     let mut m = healthy_settled(4);
-    let mut stages = vec![Stage::new(IntOrString::Int(1)), Stage::new(IntOrString::String("100%".into()))];
+    let mut stages = vec![
+        Stage::new(IntOrString::Int(1)),
+        Stage::new(IntOrString::String("100%".into())),
+    ];
     stages[0].pause = true;
     m.spec.stages = Some(stages);
     m.new_revision("v2", Release::Healthy);
     m.run(100);
     assert_eq!(m.status.phase, Some(Phase::Paused));
     assert_eq!(m.status.stages[0].state, StageState::Paused);
-    assert_eq!(m.pods.values().flatten().filter(|p| p.revision == "v2").count(), 1);
+    assert_eq!(
+        m.pods
+            .values()
+            .flatten()
+            .filter(|p| p.revision == "v2")
+            .count(),
+        1
+    );
     m.approve = Some("0".into());
     m.run(200);
     assert!(m.all_on("v2"));
@@ -401,7 +499,10 @@ fn a_pausing_stage_waits_for_approval() {
 fn stage_soak_holds_the_next_stage() {
     let mut m = healthy_settled(4);
     m.spec.stages = Some(vec![
-        Stage { soak: DurationString::new("30s"), ..Stage::new(IntOrString::Int(1)) },
+        Stage {
+            soak: DurationString::new("30s"),
+            ..Stage::new(IntOrString::Int(1))
+        },
         Stage::new(IntOrString::String("100%".into())),
     ]);
     m.new_revision("v2", Release::Healthy);
@@ -443,10 +544,23 @@ fn gitops_blocked_spec_template_is_not_reapplied() {
     m.releases.insert("spec-bad".into(), Release::Broken);
     m.spec_hash = Some("bad".into());
     m.run(300);
-    assert_eq!(m.status.blocked_revisions[0].template_hash.as_deref(), Some("bad"));
-    let applies = m.actions_log.iter().filter(|a| **a == Action::ApplySpecTemplate).count();
+    assert_eq!(
+        m.status.blocked_revisions[0].template_hash.as_deref(),
+        Some("bad")
+    );
+    let applies = m
+        .actions_log
+        .iter()
+        .filter(|a| **a == Action::ApplySpecTemplate)
+        .count();
     m.run(50);
-    assert_eq!(m.actions_log.iter().filter(|a| **a == Action::ApplySpecTemplate).count(), applies);
+    assert_eq!(
+        m.actions_log
+            .iter()
+            .filter(|a| **a == Action::ApplySpecTemplate)
+            .count(),
+        applies
+    );
     assert!(m.all_on("v1"));
     // A new spec.template is rolled.
     m.spec_hash = Some("good".into());
@@ -463,7 +577,11 @@ fn gitops_detects_a_human_edit_and_overwrites_nothing() {
     m.new_revision("hand", Release::Healthy);
     m.ds.template_source = None;
     let d = m.tick();
-    assert!(d.actions.iter().all(|a| matches!(a, Action::Event { .. })), "{:?}", d.actions);
+    assert!(
+        d.actions.iter().all(|a| matches!(a, Action::Event { .. })),
+        "{:?}",
+        d.actions
+    );
     assert_eq!(m.status.phase, Some(Phase::Paused));
     let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
     assert_eq!(ready.reason, "TemplateConflict");

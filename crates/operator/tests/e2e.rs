@@ -17,10 +17,13 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus};
-use saferollout_testkit::{TestCluster, TestNamespace, cluster, repo_root, wait_for_all, wait_for_object};
+use saferollout_testkit::{
+    TestCluster, TestNamespace, cluster, repo_root, wait_for_all, wait_for_object,
+};
 use serde_json::json;
 
 const GPUS: i64 = 8;
+const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
 const TIMEOUT: Duration = Duration::from_secs(120);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -33,16 +36,25 @@ struct Operator {
 impl Operator {
     fn start(c: &TestCluster, ns: &str) -> anyhow::Result<Self> {
         let log = std::env::temp_dir().join(format!("saferollout-operator-{ns}.log"));
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"))
             .args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", c.kubeconfig())
+            // Least privilege, proven: the operator acts as the ServiceAccount
+            // of deploy/rbac.yaml, not as the cluster admin.
+            .env("KUBE_RS_DEBUG_IMPERSONATE_USER", OPERATOR_SA)
             .env("RUST_LOG", "info,kube=warn")
             .stdout(Stdio::from(file.try_clone()?))
             .stderr(Stdio::from(file))
             .spawn()?;
         eprintln!("operator for {ns} logs to {}", log.display());
-        Ok(Operator { child, ns: ns.into() })
+        Ok(Operator {
+            child,
+            ns: ns.into(),
+        })
     }
 
     /// SIGKILL: no graceful shutdown, as when a node dies.
@@ -78,15 +90,39 @@ struct Env {
     resource: String,
 }
 
+/// Installs the CRD and the operator's RBAC from deploy/, as a user would.
+fn install(c: &TestCluster) -> anyhow::Result<()> {
+    for f in ["deploy/crd.yaml", "deploy/rbac.yaml"] {
+        c.kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &repo_root().join(f).to_string_lossy(),
+        ])?;
+    }
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/saferollouts.saferollout.dev",
+        "--timeout=60s",
+    ])?;
+    Ok(())
+}
+
 async fn setup(name: &str) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();
-    c.kubectl(&["apply", "--server-side", "-f", &repo_root().join("deploy/crd.yaml").to_string_lossy()])?;
-    c.kubectl(&["wait", "--for=condition=Established", "crd/saferollouts.saferollout.dev", "--timeout=60s"])?;
+    install(c)?;
     let ns = c.namespace(name).await?;
     let client = c.client().await?;
     let op = Operator::start(c, &ns.name)?;
-    Ok(Env { _serial: serial, resource: format!("example.com/gpu-{name}"), ns, client, op })
+    Ok(Env {
+        _serial: serial,
+        resource: format!("example.com/gpu-{name}"),
+        ns,
+        client,
+        op,
+    })
 }
 
 fn agent_template(env: &Env, image: &str) -> serde_json::Value {
@@ -104,12 +140,20 @@ async fn create_plugin_daemonset(env: &Env, image: &str) -> anyhow::Result<()> {
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
         "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": agent_template(env, image)}
     }))?;
-    Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name).create(&PostParams::default(), &ds).await?;
-    wait_all_pods(env, |ps| ps.len() == 4 && ps.iter().all(|p| pod_ready(p) && image_of(p) == image)).await?;
-    let res = env.resource.clone();
-    wait_for_all(&Api::<Node>::all(env.client.clone()), watcher::Config::default(), TIMEOUT, move |ns| {
-        ns.iter().all(|n| allocatable(n, &res) == Some(GPUS))
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    wait_all_pods(env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| pod_ready(p) && image_of(p) == image)
     })
+    .await?;
+    let res = env.resource.clone();
+    wait_for_all(
+        &Api::<Node>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        move |ns| ns.iter().all(|n| allocatable(n, &res) == Some(GPUS)),
+    )
     .await?;
     Ok(())
 }
@@ -137,16 +181,32 @@ fn default_spec(env: &Env, image: &str) -> serde_json::Value {
     })
 }
 
-async fn wait_all_pods(env: &Env, done: impl Fn(&[Arc<Pod>]) -> bool) -> anyhow::Result<Vec<Arc<Pod>>> {
+async fn wait_all_pods(
+    env: &Env,
+    done: impl Fn(&[Arc<Pod>]) -> bool,
+) -> anyhow::Result<Vec<Arc<Pod>>> {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
-    wait_for_all(&pods, watcher::Config::default().labels("app=plugin"), TIMEOUT, |ps| {
-        let live: Vec<Arc<Pod>> = ps.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
-        done(&live)
-    })
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        |ps| {
+            let live: Vec<Arc<Pod>> = ps
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .cloned()
+                .collect();
+            done(&live)
+        },
+    )
     .await
 }
 
-async fn wait_status(env: &Env, timeout: Duration, done: impl Fn(&SafeRolloutStatus) -> bool) -> anyhow::Result<SafeRolloutStatus> {
+async fn wait_status(
+    env: &Env,
+    timeout: Duration,
+    done: impl Fn(&SafeRolloutStatus) -> bool,
+) -> anyhow::Result<SafeRolloutStatus> {
     let sr = wait_for_object(&srs(env), "plugin", timeout, |sr| {
         sr.and_then(|s| s.status.as_ref()).is_some_and(&done)
     })
@@ -155,7 +215,10 @@ async fn wait_status(env: &Env, timeout: Duration, done: impl Fn(&SafeRolloutSta
     Ok(sr.status.unwrap())
 }
 
-fn condition<'a>(st: &'a SafeRolloutStatus, type_: &str) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+fn condition<'a>(
+    st: &'a SafeRolloutStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     st.conditions.iter().find(|c| c.type_ == type_)
 }
 
@@ -167,15 +230,29 @@ fn pod_ready(p: &Pod) -> bool {
 }
 
 fn image_of(p: &Pod) -> &str {
-    p.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref()).unwrap_or("")
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref())
+        .unwrap_or("")
 }
 
 fn node_of(p: &Pod) -> String {
-    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
 }
 
 fn allocatable(n: &Node, res: &str) -> Option<i64> {
-    n.status.as_ref()?.allocatable.as_ref()?.get(res)?.0.parse().ok()
+    n.status
+        .as_ref()?
+        .allocatable
+        .as_ref()?
+        .get(res)?
+        .0
+        .parse()
+        .ok()
 }
 
 /// Everything a test watches while the operator works, recorded with etcd
@@ -196,24 +273,43 @@ struct Recorder {
 }
 
 fn rv(meta: &kube::api::ObjectMeta) -> u64 {
-    meta.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0)
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Records pod creations of `image`, stage plans, allocatable drops and template restores until dropped.
-fn record(env: &Env, image: &str, good_image: &str) -> (Arc<Mutex<Recorder>>, tokio::task::JoinHandle<()>) {
+fn record(
+    env: &Env,
+    image: &str,
+    good_image: &str,
+) -> (Arc<Mutex<Recorder>>, tokio::task::JoinHandle<()>) {
     let rec = Arc::new(Mutex::new(Recorder::default()));
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
     let nodes: Api<Node> = Api::all(env.client.clone());
     let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
     let srs = srs(env);
-    let (image, good, res) = (image.to_string(), good_image.to_string(), env.resource.clone());
+    let (image, good, res) = (
+        image.to_string(),
+        good_image.to_string(),
+        env.resource.clone(),
+    );
     let r = rec.clone();
     let task = tokio::spawn(async move {
         let mut seen_pods = BTreeSet::new();
-        let pod_stream = watcher(pods, watcher::Config::default().labels("app=plugin")).applied_objects().boxed();
-        let node_stream = watcher(nodes, watcher::Config::default()).applied_objects().boxed();
-        let ds_stream = watcher(dss, watcher::Config::default()).applied_objects().boxed();
-        let sr_stream = watcher(srs, watcher::Config::default()).applied_objects().boxed();
+        let pod_stream = watcher(pods, watcher::Config::default().labels("app=plugin"))
+            .applied_objects()
+            .boxed();
+        let node_stream = watcher(nodes, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        let ds_stream = watcher(dss, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        let sr_stream = watcher(srs, watcher::Config::default())
+            .applied_objects()
+            .boxed();
         enum Ev {
             Pod(Pod),
             Node(Node),
@@ -250,7 +346,14 @@ fn record(env: &Env, image: &str, good_image: &str) -> (Arc<Mutex<Recorder>>, to
                     }
                 }
                 Ev::Ds(d) => {
-                    let img = d.spec.template.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default();
+                    let img = d
+                        .spec
+                        .template
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.containers.first())
+                        .and_then(|c| c.image.clone())
+                        .unwrap_or_default();
                     if img == image {
                         ds_was_bad = true;
                     } else if ds_was_bad && img == good && r.restored.is_none() {
@@ -271,25 +374,37 @@ fn record(env: &Env, image: &str, good_image: &str) -> (Arc<Mutex<Recorder>>, to
 
 /// Waits until no node carries a stage label.
 async fn wait_unlabelled(env: &Env) -> anyhow::Result<()> {
-    wait_for_all(&Api::<Node>::all(env.client.clone()), watcher::Config::default(), TIMEOUT, |ns| {
-        ns.iter().all(|n| !n.labels().contains_key("saferollout.dev/stage"))
-    })
+    wait_for_all(
+        &Api::<Node>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        |ns| {
+            ns.iter()
+                .all(|n| !n.labels().contains_key("saferollout.dev/stage"))
+        },
+    )
     .await?;
     Ok(())
 }
 
 async fn set_template_image(env: &Env, image: &str) -> anyhow::Result<()> {
     let patch = json!({"spec": {"template": agent_template(env, image)}});
-    srs(env).patch("plugin", &PatchParams::default(), &Patch::Merge(patch)).await?;
+    srs(env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
     Ok(())
 }
 
 async fn wait_settled_healthy(env: &Env, image: &str) -> anyhow::Result<SafeRolloutStatus> {
     let st = wait_status(env, TIMEOUT, |st| {
-        st.phase == Some(Phase::Succeeded) && condition(st, "Ready").is_some_and(|c| c.status == "True")
+        st.phase == Some(Phase::Succeeded)
+            && condition(st, "Ready").is_some_and(|c| c.status == "True")
     })
     .await?;
-    wait_all_pods(env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == image && pod_ready(p))).await?;
+    wait_all_pods(env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == image && pod_ready(p))
+    })
+    .await?;
     Ok(st)
 }
 
@@ -300,15 +415,23 @@ async fn healthy_release_rolls_through_every_stage_within_bounds() -> anyhow::Re
     create_plugin_daemonset(&env, v1).await?;
     create_rollout(&env, default_spec(&env, v1)).await?;
     let adopted = wait_settled_healthy(&env, v1).await?;
-    assert!(adopted.last_good_template.is_some(), "the last good template is recorded before any change");
+    assert!(
+        adopted.last_good_template.is_some(),
+        "the last good template is recorded before any change"
+    );
 
     let (rec, task) = record(&env, v2, v1);
     set_template_image(&env, v2).await?;
     let st = wait_status(&env, TIMEOUT, |st| {
-        st.phase == Some(Phase::Succeeded) && st.stable_revision.is_some() && st.stable_revision != adopted.stable_revision
+        st.phase == Some(Phase::Succeeded)
+            && st.stable_revision.is_some()
+            && st.stable_revision != adopted.stable_revision
     })
     .await?;
-    wait_all_pods(&env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))).await?;
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
     task.abort();
 
     assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
@@ -318,39 +441,76 @@ async fn healthy_release_rolls_through_every_stage_within_bounds() -> anyhow::Re
     // At every moment, the nodes on the new revision never outnumber the
     // nodes planned so far: each pod creation is checked against the status
     // that was current (by etcd revision) when the pod was created.
-    let rec = rec.lock().unwrap();
-    assert_eq!(rec.pods_created.len(), 4, "each node replaced exactly once: {:?}", rec.pods_created);
+    let rec = std::mem::take(&mut *rec.lock().unwrap());
+    assert_eq!(
+        rec.pods_created.len(),
+        4,
+        "each node replaced exactly once: {:?}",
+        rec.pods_created
+    );
     for (i, (created, uid)) in rec.pods_created.iter().enumerate() {
-        let planned = rec.planned.iter().filter(|(r, _)| r < created).map(|(_, n)| *n).max().unwrap_or(0);
+        let planned = rec
+            .planned
+            .iter()
+            .filter(|(r, _)| r < created)
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0);
         let node = rec.pod_nodes.get(uid).map(String::as_str).unwrap_or("?");
-        assert!(i < planned, "pod #{} on {node} created at rv {created} while only {planned} nodes were planned", i + 1);
+        assert!(
+            i < planned,
+            "pod #{} on {node} created at rv {created} while only {planned} nodes were planned",
+            i + 1
+        );
     }
+
     // Labels go (right after the status write) and the operator still holds the DaemonSet's updates.
     wait_unlabelled(&env).await?;
-    let ds = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name).get("plugin").await?;
-    assert_eq!(ds.spec.update_strategy.unwrap().type_.as_deref(), Some("OnDelete"));
+    let ds = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .get("plugin")
+        .await?;
+    assert_eq!(
+        ds.spec.update_strategy.unwrap().type_.as_deref(),
+        Some("OnDelete")
+    );
     Ok(())
 }
 
 /// Rolls `bad_image` and waits for the revert; returns the final status and what was recorded.
-async fn rolled_back(env: &Env, good: &str, bad: &str) -> anyhow::Result<(SafeRolloutStatus, Arc<Mutex<Recorder>>)> {
+async fn rolled_back(
+    env: &Env,
+    good: &str,
+    bad: &str,
+) -> anyhow::Result<(SafeRolloutStatus, Arc<Mutex<Recorder>>)> {
     create_plugin_daemonset(env, good).await?;
     create_rollout(env, default_spec(env, good)).await?;
     wait_settled_healthy(env, good).await?;
     let (rec, task) = record(env, bad, good);
     set_template_image(env, bad).await?;
     let st = wait_status(env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
-    wait_all_pods(env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == good && pod_ready(p))).await?;
-    let res = env.resource.clone();
-    wait_for_all(&Api::<Node>::all(env.client.clone()), watcher::Config::default(), TIMEOUT, move |ns| {
-        ns.iter().all(|n| allocatable(n, &res) == Some(GPUS))
+    wait_all_pods(env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == good && pod_ready(p))
     })
     .await?;
+    let res = env.resource.clone();
+    wait_for_all(
+        &Api::<Node>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        move |ns| ns.iter().all(|n| allocatable(n, &res) == Some(GPUS)),
+    )
+    .await?;
     task.abort();
-    assert!(condition(&st, "Degraded").is_some_and(|c| c.status == "True"), "{st:#?}");
+    assert!(
+        condition(&st, "Degraded").is_some_and(|c| c.status == "True"),
+        "{st:#?}"
+    );
     assert!(condition(&st, "Ready").is_some_and(|c| c.status == "False"));
     assert_eq!(st.blocked_revisions.len(), 1);
-    assert_eq!(st.blocked_revisions[0].revision, st.target_revision.clone().unwrap());
+    assert_eq!(
+        st.blocked_revisions[0].revision,
+        st.target_revision.clone().unwrap()
+    );
     wait_unlabelled(env).await?;
     Ok((st, rec))
 }
@@ -358,34 +518,66 @@ async fn rolled_back(env: &Env, good: &str, bad: &str) -> anyhow::Result<(SafeRo
 #[tokio::test]
 async fn broken_release_is_reverted_at_the_canary() -> anyhow::Result<()> {
     let env = setup("broken").await?;
-    let (st, rec) = rolled_back(&env, "registry.example/plugin:v1", "registry.example/plugin:v2-broken").await?;
+    let (st, rec) = rolled_back(
+        &env,
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-broken",
+    )
+    .await?;
     let degraded = condition(&st, "Degraded").unwrap();
     assert_eq!(degraded.reason, "AllocatableFailed");
-    assert!(degraded.message.contains("observed 0, expected >= 8"), "{}", degraded.message);
-    let rec = rec.lock().unwrap();
+    assert!(
+        degraded.message.contains("observed 0, expected >= 8"),
+        "{}",
+        degraded.message
+    );
+    let rec = std::mem::take(&mut *rec.lock().unwrap());
     let touched: BTreeSet<&String> = rec.pod_nodes.values().collect();
     assert_eq!(rec.pods_created.len(), 1, "one broken pod was created");
-    assert_eq!(touched.len(), 1, "only the canary node got the broken release: {touched:?}");
-    assert!(degraded.message.contains(touched.iter().next().unwrap().as_str()));
-    if let (Some(drop), Some(restored)) = (rec.first_drop, rec.restored) {
-        eprintln!("MEASURE allocatable drop -> revert write: {:?}", restored.duration_since(drop));
+    assert_eq!(
+        touched.len(),
+        1,
+        "only the canary node got the broken release: {touched:?}"
+    );
+    assert!(
+        degraded
+            .message
+            .contains(touched.iter().next().unwrap().as_str())
+    );
+    if let (Some(dropped), Some(restored)) = (rec.first_drop, rec.restored) {
+        eprintln!(
+            "MEASURE allocatable drop -> revert write: {:?}",
+            restored.duration_since(dropped)
+        );
     }
-    // Blocked: the same spec is not tried again.
+
+    // The failure is reported as a Warning Event.
     let ev = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.ns.name)
         .list(&Default::default())
         .await?;
-    assert!(ev.items.iter().any(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("GateFailed")));
+    assert!(ev.items.iter().any(
+        |e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("GateFailed")
+    ));
     Ok(())
 }
 
 #[tokio::test]
 async fn overcounting_release_is_reverted_by_the_ceiling() -> anyhow::Result<()> {
     let env = setup("overcount").await?;
-    let (st, _) = rolled_back(&env, "registry.example/plugin:v1", "registry.example/plugin:v2-overcount").await?;
+    let (st, _) = rolled_back(
+        &env,
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-overcount",
+    )
+    .await?;
     let degraded = condition(&st, "Degraded").unwrap();
     assert_eq!(degraded.reason, "AllocatableFailed");
     assert_eq!(st.blocked_revisions[0].reason, "AboveMaximum");
-    assert!(degraded.message.contains("observed 16, expected <= 8"), "{}", degraded.message);
+    assert!(
+        degraded.message.contains("observed 16, expected <= 8"),
+        "{}",
+        degraded.message
+    );
     Ok(())
 }
 
@@ -393,10 +585,22 @@ async fn overcounting_release_is_reverted_by_the_ceiling() -> anyhow::Result<()>
 async fn crashlooping_release_is_reverted_well_before_the_deadline() -> anyhow::Result<()> {
     let env = setup("crashloop").await?;
     let started = Instant::now();
-    let (st, _) = rolled_back(&env, "registry.example/plugin:v1", "registry.example/plugin:v2-crashloop").await?;
-    assert_eq!(condition(&st, "Degraded").unwrap().reason, "PodsReadyFailed");
+    let (st, _) = rolled_back(
+        &env,
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-crashloop",
+    )
+    .await?;
+    assert_eq!(
+        condition(&st, "Degraded").unwrap().reason,
+        "PodsReadyFailed"
+    );
     assert_eq!(st.blocked_revisions[0].reason, "CrashLoopBackOff");
-    assert!(started.elapsed() < Duration::from_secs(120), "progressDeadline is 3m; reverted in {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "progressDeadline is 3m; reverted in {:?}",
+        started.elapsed()
+    );
     Ok(())
 }
 
@@ -406,13 +610,17 @@ async fn operator_killed_mid_stage_resumes_without_repeating_or_skipping() -> an
     let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
     create_plugin_daemonset(&env, v1).await?;
     let mut spec = default_spec(&env, v1);
-    spec["stages"] = json!([{"nodes": 1, "soak": "3s"}, {"nodes": 2, "soak": "3s"}, {"nodes": "100%"}]);
+    spec["stages"] =
+        json!([{"nodes": 1, "soak": "3s"}, {"nodes": 2, "soak": "3s"}, {"nodes": "100%"}]);
     create_rollout(&env, spec).await?;
     let adopted = wait_settled_healthy(&env, v1).await?;
     let (rec, task) = record(&env, v2, v1);
     set_template_image(&env, v2).await?;
     // Kill it while the second stage is under way.
-    let mid = wait_status(&env, TIMEOUT, |st| st.current_stage == Some(1) && st.stages.len() == 2).await?;
+    let mid = wait_status(&env, TIMEOUT, |st| {
+        st.current_stage == Some(1) && st.stages.len() == 2
+    })
+    .await?;
     env.op.kill();
     assert!(!env.op.is_running());
     env.op.restart()?;
@@ -420,19 +628,29 @@ async fn operator_killed_mid_stage_resumes_without_repeating_or_skipping() -> an
         st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
     })
     .await?;
-    wait_all_pods(&env, |ps| ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))).await?;
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
     task.abort();
     // The plan made before the kill was kept, and every node was replaced exactly once.
     assert_eq!(st.stages[0].nodes, mid.stages[0].nodes);
     assert_eq!(st.stages[1].nodes, mid.stages[1].nodes);
-    let rec = rec.lock().unwrap();
+    let rec = std::mem::take(&mut *rec.lock().unwrap());
     let mut per_node: BTreeMap<&String, usize> = BTreeMap::new();
-    assert_eq!(rec.pod_nodes.len(), rec.pods_created.len(), "every new pod was scheduled");
+    assert_eq!(
+        rec.pod_nodes.len(),
+        rec.pods_created.len(),
+        "every new pod was scheduled"
+    );
     for n in rec.pod_nodes.values() {
         *per_node.entry(n).or_default() += 1;
     }
     assert_eq!(per_node.len(), 4, "{per_node:?}");
-    assert!(per_node.values().all(|&c| c == 1), "a node was replaced twice: {per_node:?}");
+    assert!(
+        per_node.values().all(|&c| c == 1),
+        "a node was replaced twice: {per_node:?}"
+    );
     Ok(())
 }
 
@@ -444,8 +662,16 @@ async fn missing_target_is_a_condition_not_a_crash() -> anyhow::Result<()> {
         "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout", "metadata": {"name": "plugin"}, "spec": spec
     }))?;
     srs(&env).create(&PostParams::default(), &sr).await?;
-    let st = wait_status(&env, TIMEOUT, |st| condition(st, "Ready").is_some_and(|c| c.reason == "TargetNotFound")).await?;
-    assert!(condition(&st, "Ready").unwrap().message.contains("no-such-daemonset"));
+    let st = wait_status(&env, TIMEOUT, |st| {
+        condition(st, "Ready").is_some_and(|c| c.reason == "TargetNotFound")
+    })
+    .await?;
+    assert!(
+        condition(&st, "Ready")
+            .unwrap()
+            .message
+            .contains("no-such-daemonset")
+    );
     assert_eq!(st.phase, Some(Phase::Pending));
     assert!(env.op.is_running(), "the operator must not crash");
     // An invalid template is a condition too.
@@ -455,13 +681,19 @@ async fn missing_target_is_a_condition_not_a_crash() -> anyhow::Result<()> {
     }))?;
     srs(&env).create(&PostParams::default(), &bad).await?;
     let st = wait_for_object(&srs(&env), "bad", TIMEOUT, |sr| {
-        sr.and_then(|s| s.status.as_ref()).is_some_and(|st| condition(st, "Ready").is_some_and(|c| c.reason == "InvalidTemplate"))
+        sr.and_then(|s| s.status.as_ref())
+            .is_some_and(|st| condition(st, "Ready").is_some_and(|c| c.reason == "InvalidTemplate"))
     })
     .await?
     .unwrap()
     .status
     .unwrap();
-    assert!(condition(&st, "Ready").unwrap().message.contains("spec.template"));
+    assert!(
+        condition(&st, "Ready")
+            .unwrap()
+            .message
+            .contains("spec.template")
+    );
     assert!(env.op.is_running());
     Ok(())
 }
@@ -470,8 +702,7 @@ async fn missing_target_is_a_condition_not_a_crash() -> anyhow::Result<()> {
 async fn malformed_saferollouts_are_rejected_naming_the_field() -> anyhow::Result<()> {
     let c = cluster();
     let _serial = SERIAL.lock().await;
-    c.kubectl(&["apply", "--server-side", "-f", &repo_root().join("deploy/crd.yaml").to_string_lossy()])?;
-    c.kubectl(&["wait", "--for=condition=Established", "crd/saferollouts.saferollout.dev", "--timeout=60s"])?;
+    install(c)?;
     let ns = c.namespace("malformed").await?;
     let dir = repo_root().join("tests/malformed");
     let mut files: Vec<_> = std::fs::read_dir(&dir)?
@@ -490,10 +721,21 @@ async fn malformed_saferollouts_are_rejected_naming_the_field() -> anyhow::Resul
             .trim()
             .to_string();
         let err = c
-            .kubectl(&["create", "--dry-run=server", "-n", &ns.name, "-f", &f.to_string_lossy()])
+            .kubectl(&[
+                "create",
+                "--dry-run=server",
+                "-n",
+                &ns.name,
+                "-f",
+                &f.to_string_lossy(),
+            ])
             .expect_err(&format!("{} was accepted", f.display()));
         let msg = err.to_string();
-        assert!(msg.contains(&expect), "{}: expected {expect:?} in: {msg}", f.display());
+        assert!(
+            msg.contains(&expect),
+            "{}: expected {expect:?} in: {msg}",
+            f.display()
+        );
     }
     Ok(())
 }

@@ -31,7 +31,10 @@ use serde::de::DeserializeOwned;
 
 /// The repository root (this crate lives in `crates/testkit`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 /// A running test cluster.
@@ -123,8 +126,13 @@ fn parse_name_number_lines<N: std::str::FromStr>(text: &str) -> anyhow::Result<V
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let (name, n) = l.split_once(' ').with_context(|| format!("bad line {l:?}"))?;
-            let n = n.trim().parse().map_err(|_| anyhow::anyhow!("bad number in {l:?}"))?;
+            let (name, n) = l
+                .split_once(' ')
+                .with_context(|| format!("bad line {l:?}"))?;
+            let n = n
+                .trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("bad number in {l:?}"))?;
             Ok((name.to_string(), n))
         })
         .collect()
@@ -140,19 +148,33 @@ fn is_test_cluster_kubeconfig(path: &Path) -> bool {
 impl TestCluster {
     fn start_or_reuse() -> anyhow::Result<Self> {
         if let Some(path) = std::env::var_os("SAFEROLLOUT_TEST_KUBECONFIG") {
-            return Ok(Self { kubeconfig: path.into(), state_dir: None });
+            return Ok(Self {
+                kubeconfig: path.into(),
+                state_dir: None,
+            });
         }
         if let Some(path) = std::env::var_os("KUBECONFIG").map(PathBuf::from)
             && is_test_cluster_kubeconfig(&path)
         {
-            return Ok(Self { kubeconfig: path, state_dir: None });
+            return Ok(Self {
+                kubeconfig: path,
+                state_dir: None,
+            });
         }
         let exe = std::env::current_exe()?;
         let name = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("test");
-        let state_dir = std::env::temp_dir().join(format!("saferollout-test-{name}-{}", std::process::id()));
-        let proc = ClusterProcess::start(&ClusterOptions { nodes: 4, gpus_per_node: 8, state_dir: state_dir.clone() })?;
+        let state_dir =
+            std::env::temp_dir().join(format!("saferollout-test-{name}-{}", std::process::id()));
+        let proc = ClusterProcess::start(&ClusterOptions {
+            nodes: 4,
+            gpus_per_node: 8,
+            state_dir: state_dir.clone(),
+        })?;
         spawn_reaper(&state_dir)?;
-        Ok(Self { kubeconfig: proc.kubeconfig, state_dir: Some(state_dir) })
+        Ok(Self {
+            kubeconfig: proc.kubeconfig,
+            state_dir: Some(state_dir),
+        })
     }
 
     pub fn kubeconfig(&self) -> &Path {
@@ -181,7 +203,10 @@ impl TestCluster {
         // Pods are refused until the ServiceAccount controller made `default`.
         let sas: Api<ServiceAccount> = Api::namespaced(client, &name);
         wait_for_object(&sas, "default", Duration::from_secs(60), |sa| sa.is_some()).await?;
-        Ok(TestNamespace { name, kubeconfig: self.kubeconfig.clone() })
+        Ok(TestNamespace {
+            name,
+            kubeconfig: self.kubeconfig.clone(),
+        })
     }
 
     /// Runs `kubectl` (the test cluster's own build) against this cluster.
@@ -212,10 +237,19 @@ pub fn bin_dir() -> anyhow::Result<PathBuf> {
 /// Runs the test cluster's kubectl with a kubeconfig; errors carry stderr.
 pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
-    let kubectl = KUBECTL.get_or_init(|| bin_dir().expect("control-plane binaries").join("kubectl"));
-    let out = Command::new(kubectl).arg("--kubeconfig").arg(kubeconfig).args(args).output()?;
+    let kubectl =
+        KUBECTL.get_or_init(|| bin_dir().expect("control-plane binaries").join("kubectl"));
+    let out = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()?;
     if !out.status.success() {
-        bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "kubectl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8(out.stdout)?)
 }
@@ -254,7 +288,10 @@ pub struct TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         // Best effort and non-blocking: the cluster goes away with the test binary.
-        let _ = kubectl(&self.kubeconfig, &["delete", "namespace", &self.name, "--wait=false"]);
+        let _ = kubectl(
+            &self.kubeconfig,
+            &["delete", "namespace", &self.name, "--wait=false"],
+        );
     }
 }
 
@@ -301,7 +338,13 @@ pub async fn wait_for_all<K>(
     done: impl Fn(&[std::sync::Arc<K>]) -> bool,
 ) -> anyhow::Result<Vec<std::sync::Arc<K>>>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (reader, writer) = reflector::store();
     let fut = async {
@@ -319,6 +362,9 @@ where
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
-        Err(_) => bail!("timed out after {timeout:?}; last seen: {:#?}", reader.state()),
+        Err(_) => bail!(
+            "timed out after {timeout:?}; last seen: {:#?}",
+            reader.state()
+        ),
     }
 }

@@ -49,24 +49,41 @@ fn pod_ready(p: &Pod) -> bool {
 }
 
 fn pod_image(p: &Pod) -> &str {
-    p.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref()).unwrap_or("")
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref())
+        .unwrap_or("")
 }
 
 async fn set_image(api: &Api<DaemonSet>, name: &str, image: &str) -> anyhow::Result<()> {
     let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "agent", "image": image}]}}}});
-    api.patch(name, &PatchParams::default(), &Patch::Strategic(patch)).await?;
+    api.patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await?;
     Ok(())
 }
 
 /// Waits until every node runs exactly one Ready agent pod of `image`.
 async fn wait_agents_ready(pods: &Api<Pod>, app: &str, image: &str) -> anyhow::Result<()> {
-    wait_for_all(pods, watcher::Config::default().labels(&format!("app={app}")), TIMEOUT, |ps| {
-        let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
-        for p in ps.iter().filter(|p| pod_ready(p) && pod_image(p) == image) {
-            *per_node.entry(p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("")).or_default() += 1;
-        }
-        ps.len() == NODES && per_node.len() == NODES && per_node.values().all(|&n| n == 1)
-    })
+    wait_for_all(
+        pods,
+        watcher::Config::default().labels(&format!("app={app}")),
+        TIMEOUT,
+        |ps| {
+            let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+            for p in ps.iter().filter(|p| pod_ready(p) && pod_image(p) == image) {
+                *per_node
+                    .entry(
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.as_deref())
+                            .unwrap_or(""),
+                    )
+                    .or_default() += 1;
+            }
+            ps.len() == NODES && per_node.len() == NODES && per_node.values().all(|&n| n == 1)
+        },
+    )
     .await?;
     Ok(())
 }
@@ -75,8 +92,14 @@ async fn wait_agents_ready(pods: &Api<Pod>, app: &str, image: &str) -> anyhow::R
 async fn control_plane_is_real_and_nodes_are_ready() -> anyhow::Result<()> {
     let c = cluster();
     let version: serde_json::Value = serde_json::from_str(&c.kubectl(&["version", "-o", "json"])?)?;
-    assert_eq!(version["serverVersion"]["gitVersion"], "v1.37.2", "{version}");
-    assert_eq!(version["clientVersion"]["gitVersion"], "v1.37.2", "{version}");
+    assert_eq!(
+        version["serverVersion"]["gitVersion"], "v1.37.2",
+        "{version}"
+    );
+    assert_eq!(
+        version["clientVersion"]["gitVersion"], "v1.37.2",
+        "{version}"
+    );
 
     let groups = c.kubectl(&["api-versions"])?;
     let groups: Vec<&str> = groups.lines().collect();
@@ -88,9 +111,16 @@ async fn control_plane_is_real_and_nodes_are_ready() -> anyhow::Result<()> {
     let list = nodes.list(&ListParams::default()).await?;
     assert_eq!(list.items.len(), NODES);
     for n in &list.items {
-        let ready = n.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten();
+        let ready = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten();
         assert!(
-            ready.into_iter().any(|c| c.type_ == "Ready" && c.status == "True"),
+            ready
+                .into_iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True"),
             "node {:?} not Ready",
             n.metadata.name
         );
@@ -98,7 +128,13 @@ async fn control_plane_is_real_and_nodes_are_ready() -> anyhow::Result<()> {
     let zones: std::collections::BTreeSet<_> = list
         .items
         .iter()
-        .filter_map(|n| n.metadata.labels.as_ref()?.get("topology.kubernetes.io/zone").cloned())
+        .filter_map(|n| {
+            n.metadata
+                .labels
+                .as_ref()?
+                .get("topology.kubernetes.io/zone")
+                .cloned()
+        })
         .collect();
     assert_eq!(zones.len(), 2, "nodes should span two zones: {zones:?}");
     Ok(())
@@ -116,10 +152,17 @@ async fn device_plugin_daemonset_advertises_and_bad_releases_show() -> anyhow::R
 
     // A healthy release: one Ready pod per node, every node advertises its GPUs.
     let good = "registry.example/sim-device-plugin:v1.0.0";
-    dss.create(&PostParams::default(), &agent_daemonset("plugin", "device-plugin", good)).await?;
+    dss.create(
+        &PostParams::default(),
+        &agent_daemonset("plugin", "device-plugin", good),
+    )
+    .await?;
     wait_agents_ready(&pods, "plugin", good).await?;
     wait_for_all(&nodes, watcher::Config::default(), TIMEOUT, |ns| {
-        ns.len() == NODES && ns.iter().all(|n| allocatable(n, "example.com/gpu") == Some(GPUS))
+        ns.len() == NODES
+            && ns
+                .iter()
+                .all(|n| allocatable(n, "example.com/gpu") == Some(GPUS))
     })
     .await?;
 
@@ -132,15 +175,18 @@ async fn device_plugin_daemonset_advertises_and_bad_releases_show() -> anyhow::R
         }))
         .unwrap()
     };
-    pods.create(&PostParams::default(), &gpu_pod("one-gpu", 1)).await?;
+    pods.create(&PostParams::default(), &gpu_pod("one-gpu", 1))
+        .await?;
     let scheduled = wait_for_object(&pods, "one-gpu", TIMEOUT, |p| {
-        p.and_then(|p| p.spec.as_ref()?.node_name.as_ref()).is_some()
+        p.and_then(|p| p.spec.as_ref()?.node_name.as_ref())
+            .is_some()
     })
     .await?;
     assert!(scheduled.is_some());
 
     // ... and leaves one asking for more than any node has Pending, saying why.
-    pods.create(&PostParams::default(), &gpu_pod("too-many-gpus", GPUS + 1)).await?;
+    pods.create(&PostParams::default(), &gpu_pod("too-many-gpus", GPUS + 1))
+        .await?;
     let events: Api<Event> = Api::namespaced(client.clone(), &ns.name);
     wait_for_all(
         &events,
@@ -149,13 +195,19 @@ async fn device_plugin_daemonset_advertises_and_bad_releases_show() -> anyhow::R
         |es| {
             es.iter().any(|e| {
                 e.reason.as_deref() == Some("FailedScheduling")
-                    && e.message.as_deref().unwrap_or("").contains("Insufficient example.com/gpu")
+                    && e.message
+                        .as_deref()
+                        .unwrap_or("")
+                        .contains("Insufficient example.com/gpu")
             })
         },
     )
     .await?;
     let pending = pods.get("too-many-gpus").await?;
-    assert_eq!(pending.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+    assert_eq!(
+        pending.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
     assert!(pending.spec.and_then(|s| s.node_name).is_none());
     pods.delete("one-gpu", &Default::default()).await?;
     pods.delete("too-many-gpus", &Default::default()).await?;
@@ -165,26 +217,43 @@ async fn device_plugin_daemonset_advertises_and_bad_releases_show() -> anyhow::R
     set_image(&dss, "plugin", broken).await?;
     wait_agents_ready(&pods, "plugin", broken).await?;
     wait_for_all(&nodes, watcher::Config::default(), TIMEOUT, |ns| {
-        ns.len() == NODES && ns.iter().all(|n| allocatable(n, "example.com/gpu") == Some(0))
+        ns.len() == NODES
+            && ns
+                .iter()
+                .all(|n| allocatable(n, "example.com/gpu") == Some(0))
     })
     .await?;
 
     // A crash-looping release shows CrashLoopBackOff in the container status.
     let crashloop = "registry.example/sim-device-plugin:v1.2.0-crashloop";
     set_image(&dss, "plugin", crashloop).await?;
-    let seen = wait_for_all(&pods, watcher::Config::default().labels("app=plugin"), TIMEOUT, |ps| {
-        ps.iter().any(|p| {
-            pod_image(p) == crashloop
-                && p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        c.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref())
-                            == Some("CrashLoopBackOff")
-                    })
-                })
-        })
-    })
+    let seen = wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        |ps| {
+            ps.iter().any(|p| {
+                pod_image(p) == crashloop
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| {
+                                c.state
+                                    .as_ref()
+                                    .and_then(|s| s.waiting.as_ref())
+                                    .and_then(|w| w.reason.as_deref())
+                                    == Some("CrashLoopBackOff")
+                            })
+                        })
+            })
+        },
+    )
     .await?;
-    assert!(seen.iter().any(|p| !pod_ready(p)), "a crash-looping pod must not be Ready");
+    assert!(
+        seen.iter().any(|p| !pod_ready(p)),
+        "a crash-looping pod must not be Ready"
+    );
     dss.delete("plugin", &Default::default()).await?;
     Ok(())
 }
@@ -203,16 +272,27 @@ async fn dra_driver_publishes_slices_and_the_scheduler_allocates_claims() -> any
     let ours = move |s: &ResourceSlice| s.spec.driver == driver;
 
     let good = "registry.example/sim-dra-driver:v0.5.0";
-    dss.create(&PostParams::default(), &agent_daemonset("driver", "dra-driver", good)).await?;
+    dss.create(
+        &PostParams::default(),
+        &agent_daemonset("driver", "dra-driver", good),
+    )
+    .await?;
     wait_agents_ready(&pods, "driver", good).await?;
     let published = wait_for_all(&slices, watcher::Config::default(), TIMEOUT, |ss| {
-        let nodes: std::collections::BTreeSet<_> =
-            ss.iter().filter(|s| ours(s)).filter_map(|s| s.spec.node_name.clone()).collect();
+        let nodes: std::collections::BTreeSet<_> = ss
+            .iter()
+            .filter(|s| ours(s))
+            .filter_map(|s| s.spec.node_name.clone())
+            .collect();
         nodes.len() == NODES
     })
     .await?;
     for s in published.iter().filter(|s| ours(s)) {
-        assert_eq!(s.spec.devices.as_ref().map(Vec::len), Some(GPUS as usize), "{s:?}");
+        assert_eq!(
+            s.spec.devices.as_ref().map(Vec::len),
+            Some(GPUS as usize),
+            "{s:?}"
+        );
     }
 
     // A claim for one device of the class, used by a pod: the real scheduler allocates it.
@@ -231,21 +311,36 @@ async fn dra_driver_publishes_slices_and_the_scheduler_allocates_claims() -> any
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
     let allocated = wait_for_object(&claims, "one-gpu", TIMEOUT, |c| {
-        c.and_then(|c| c.status.as_ref()?.allocation.as_ref()).is_some()
+        c.and_then(|c| c.status.as_ref()?.allocation.as_ref())
+            .is_some()
     })
     .await?
     .expect("claim");
-    let results = allocated.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap_or_default();
+    let results = allocated
+        .status
+        .unwrap()
+        .allocation
+        .unwrap()
+        .devices
+        .unwrap()
+        .results
+        .unwrap_or_default();
     assert_eq!(results.len(), 1);
     assert_eq!(results[0].driver, driver);
-    wait_for_object(&pods, "uses-claim", TIMEOUT, |p| p.and_then(|p| p.spec.as_ref()?.node_name.as_ref()).is_some())
-        .await?;
+    wait_for_object(&pods, "uses-claim", TIMEOUT, |p| {
+        p.and_then(|p| p.spec.as_ref()?.node_name.as_ref())
+            .is_some()
+    })
+    .await?;
 
     // A broken driver release withdraws the slices.
     let broken = "registry.example/sim-dra-driver:v0.6.0-broken";
     set_image(&dss, "driver", broken).await?;
     wait_agents_ready(&pods, "driver", broken).await?;
-    wait_for_all(&slices, watcher::Config::default(), TIMEOUT, |ss| !ss.iter().any(|s| ours(s))).await?;
+    wait_for_all(&slices, watcher::Config::default(), TIMEOUT, |ss| {
+        !ss.iter().any(|s| ours(s))
+    })
+    .await?;
     pods.delete("uses-claim", &Default::default()).await?;
     dss.delete("driver", &Default::default()).await?;
     Ok(())
@@ -255,7 +350,9 @@ async fn dra_driver_publishes_slices_and_the_scheduler_allocates_claims() -> any
 fn listening_ports() -> anyhow::Result<std::collections::BTreeSet<u16>> {
     let mut ports = std::collections::BTreeSet::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
         for line in text.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
             // st 0A = LISTEN
@@ -272,11 +369,22 @@ fn listening_ports() -> anyhow::Result<std::collections::BTreeSet<u16>> {
 #[test]
 fn up_then_down_leaves_no_process_and_no_port() -> anyhow::Result<()> {
     let state_dir = std::env::temp_dir().join(format!("saferollout-updown-{}", std::process::id()));
-    let proc = ClusterProcess::start(&ClusterOptions { nodes: 1, gpus_per_node: 2, state_dir: state_dir.clone() })?;
+    let proc = ClusterProcess::start(&ClusterOptions {
+        nodes: 1,
+        gpus_per_node: 2,
+        state_dir: state_dir.clone(),
+    })?;
     let pids = proc.pids()?;
     let ports = proc.ports()?;
     let names: Vec<&str> = pids.iter().map(|(n, _)| n.as_str()).collect();
-    for want in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "saferollout-sim"] {
+    for want in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
+        "saferollout-sim",
+    ] {
         assert!(names.contains(&want), "{want} not started: {names:?}");
     }
     let listening = listening_ports()?;
@@ -284,18 +392,27 @@ fn up_then_down_leaves_no_process_and_no_port() -> anyhow::Result<()> {
         assert!(listening.contains(port), "{name} should listen on {port}");
     }
     // Idempotent: a second `up` on the same state dir reuses the running cluster.
-    let again = ClusterProcess::start(&ClusterOptions { nodes: 1, gpus_per_node: 2, state_dir: state_dir.clone() })?;
+    let again = ClusterProcess::start(&ClusterOptions {
+        nodes: 1,
+        gpus_per_node: 2,
+        state_dir: state_dir.clone(),
+    })?;
     assert_eq!(again.pids()?, pids, "a second up must not restart anything");
 
     proc.stop()?;
     for (name, pid) in &pids {
         let alive = std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ");
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ");
         assert!(!alive, "{name} (pid {pid}) still running after down");
     }
     let listening = listening_ports()?;
     for (name, port) in &ports {
-        assert!(!listening.contains(port), "{name}'s port {port} still listening after down");
+        assert!(
+            !listening.contains(port),
+            "{name}'s port {port} still listening after down"
+        );
     }
     assert!(!state_dir.exists(), "down must remove the state dir");
     Ok(())

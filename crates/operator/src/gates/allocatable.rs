@@ -19,7 +19,11 @@ pub fn gate_name(resource: &str) -> String {
 }
 
 /// A bound resolved for one node; `None` when no trusted reference exists.
-fn resolve_bound(bound: &IntOrString, baseline: Option<i64>, labels: &std::collections::BTreeMap<String, String>) -> Option<i64> {
+fn resolve_bound(
+    bound: &IntOrString,
+    baseline: Option<i64>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<i64> {
     match bound {
         IntOrString::Int(n) => Some(i64::from(*n)),
         IntOrString::String(s) if s == "baseline" => baseline,
@@ -48,13 +52,20 @@ enum Observation {
 fn observe(gate: &AllocatableGate, snap: &Snapshot) -> Observation {
     let res = &gate.resource;
     for node in snap.nodes {
-        let Some(state) = snap.node_states.get(node) else { continue };
+        let Some(state) = snap.node_states.get(node) else {
+            continue;
+        };
         if !snap.target_pod(node).is_some_and(|p| p.running && p.ready) {
             return Observation::AwaitingPods(node.clone());
         }
         let observed = state.allocatable.get(res).copied().unwrap_or(0);
         // A baseline of 0 means nothing was advertised before: no floor from it, and no ceiling either.
-        let baseline = snap.baseline.get(node).and_then(|b| b.get(res)).copied().filter(|b| *b > 0);
+        let baseline = snap
+            .baseline
+            .get(node)
+            .and_then(|b| b.get(res))
+            .copied()
+            .filter(|b| *b > 0);
         let min = resolve_bound(&gate.min, baseline, &state.labels);
         let max = resolve_bound(&gate.max, baseline, &state.labels);
         if let Some(min) = min
@@ -81,9 +92,16 @@ fn observe(gate: &AllocatableGate, snap: &Snapshot) -> Observation {
     Observation::InBounds
 }
 
-pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateResult>) -> GateResult {
+pub fn evaluate(
+    gate: &AllocatableGate,
+    snap: &Snapshot,
+    previous: Option<&GateResult>,
+) -> GateResult {
     let name = gate_name(&gate.resource);
-    let soak = gate.soak.to_std().unwrap_or(std::time::Duration::from_secs(10));
+    let soak = gate
+        .soak
+        .to_std()
+        .unwrap_or(std::time::Duration::from_secs(10));
     // The observation keeps its start time while it stays the same (same reason, same node).
     let since_for = |reason: &str, node: Option<&str>| -> Timestamp {
         previous
@@ -97,7 +115,10 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
                 &name,
                 GateStatus::Pending,
                 "AwaitingPods",
-                format!("waiting for the new agent pod on {node} to be Ready before judging {}", gate.resource),
+                format!(
+                    "waiting for the new agent pod on {node} to be Ready before judging {}",
+                    gate.resource
+                ),
             );
             r.since = Some(Time(since_for("AwaitingPods", None)));
             r
@@ -105,13 +126,22 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
         Observation::InBounds => {
             let since = since_for("WithinBounds", None);
             let held = elapsed(since, snap.now);
-            let status = if held >= soak { GateStatus::Passed } else { GateStatus::Pending };
+            let status = if held >= soak {
+                GateStatus::Passed
+            } else {
+                GateStatus::Pending
+            };
             let mut r = result(
                 &name,
                 status,
                 "WithinBounds",
                 // No elapsed time in messages: status must not change while nothing does.
-                format!("{} within bounds on all {} nodes (soak {}s)", gate.resource, snap.nodes.len(), soak.as_secs()),
+                format!(
+                    "{} within bounds on all {} nodes (soak {}s)",
+                    gate.resource,
+                    snap.nodes.len(),
+                    soak.as_secs()
+                ),
             );
             r.since = Some(Time(since));
             r
@@ -119,8 +149,16 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
         Observation::OutOfBounds(v) => {
             let since = since_for(v.reason, Some(&v.node));
             let held = elapsed(since, snap.now);
-            let status = if held >= soak { GateStatus::Failed } else { GateStatus::Pending };
-            let what = if v.reason == "BelowMinimum" { "lost devices" } else { "over-advertises devices" };
+            let status = if held >= soak {
+                GateStatus::Failed
+            } else {
+                GateStatus::Pending
+            };
+            let what = if v.reason == "BelowMinimum" {
+                "lost devices"
+            } else {
+                "over-advertises devices"
+            };
             let mut r = result(
                 &name,
                 status,
@@ -155,11 +193,20 @@ mod tests {
             Ok(n) => IntOrString::Int(n),
             Err(_) => IntOrString::String(s.into()),
         };
-        AllocatableGate { resource: "example.com/gpu".into(), min: bound(min), max: bound(max), soak: DurationString::new(soak) }
+        AllocatableGate {
+            resource: "example.com/gpu".into(),
+            min: bound(min),
+            max: bound(max),
+            soak: DurationString::new(soak),
+        }
     }
 
     fn set_alloc(w: &mut World, node: &str, n: i64) {
-        w.node_states.get_mut(node).unwrap().allocatable.insert("example.com/gpu".into(), n);
+        w.node_states
+            .get_mut(node)
+            .unwrap()
+            .allocatable
+            .insert("example.com/gpu".into(), n);
     }
 
     #[test]
@@ -170,9 +217,15 @@ mod tests {
         assert_eq!(first.status, GateStatus::Pending);
         assert_eq!(first.reason, "WithinBounds");
         w.now = ts(109);
-        assert_eq!(evaluate(&g, &w.snapshot(), Some(&first)).status, GateStatus::Pending);
+        assert_eq!(
+            evaluate(&g, &w.snapshot(), Some(&first)).status,
+            GateStatus::Pending
+        );
         w.now = ts(110);
-        assert_eq!(evaluate(&g, &w.snapshot(), Some(&first)).status, GateStatus::Passed);
+        assert_eq!(
+            evaluate(&g, &w.snapshot(), Some(&first)).status,
+            GateStatus::Passed
+        );
     }
 
     #[test]
@@ -205,23 +258,40 @@ mod tests {
         let mut w = World::healthy(1, 8);
         set_alloc(&mut w, "node-0", 16);
         let r = evaluate(&gate("baseline", "baseline", "0s"), &w.snapshot(), None);
-        assert_eq!((r.status, r.reason.as_str()), (GateStatus::Failed, "AboveMaximum"));
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "AboveMaximum")
+        );
         assert_eq!(r.expected.as_deref(), Some("<= 8"));
 
         // The trusted label says 16 exist: fine. Says 4: over-advertised.
-        w.node_states.get_mut("node-0").unwrap().labels.insert("example.com/gpu.count".into(), "16".into());
+        w.node_states
+            .get_mut("node-0")
+            .unwrap()
+            .labels
+            .insert("example.com/gpu.count".into(), "16".into());
         let g = gate("1", "capacityLabel:example.com/gpu.count", "0s");
         assert_eq!(evaluate(&g, &w.snapshot(), None).status, GateStatus::Passed);
-        w.node_states.get_mut("node-0").unwrap().labels.insert("example.com/gpu.count".into(), "4".into());
+        w.node_states
+            .get_mut("node-0")
+            .unwrap()
+            .labels
+            .insert("example.com/gpu.count".into(), "4".into());
         assert_eq!(evaluate(&g, &w.snapshot(), None).status, GateStatus::Failed);
     }
 
     #[test]
     fn numeric_bounds() {
         let mut w = World::healthy(1, 8);
-        assert_eq!(evaluate(&gate("8", "8", "0s"), &w.snapshot(), None).status, GateStatus::Passed);
+        assert_eq!(
+            evaluate(&gate("8", "8", "0s"), &w.snapshot(), None).status,
+            GateStatus::Passed
+        );
         set_alloc(&mut w, "node-0", 7);
-        assert_eq!(evaluate(&gate("8", "8", "0s"), &w.snapshot(), None).reason, "BelowMinimum");
+        assert_eq!(
+            evaluate(&gate("8", "8", "0s"), &w.snapshot(), None).reason,
+            "BelowMinimum"
+        );
     }
 
     #[test]
@@ -230,7 +300,10 @@ mod tests {
         set_alloc(&mut w, "node-0", 0);
         w.pods.get_mut("node-0").unwrap()[0].ready = false;
         let r = evaluate(&gate("baseline", "baseline", "0s"), &w.snapshot(), None);
-        assert_eq!((r.status, r.reason.as_str()), (GateStatus::Pending, "AwaitingPods"));
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Pending, "AwaitingPods")
+        );
     }
 
     #[test]
@@ -249,7 +322,10 @@ mod tests {
         let r4 = evaluate(&g, &w.snapshot(), Some(&r3));
         assert_eq!(r4.status, GateStatus::Pending, "only 7s in bounds");
         w.now = ts(118);
-        assert_eq!(evaluate(&g, &w.snapshot(), Some(&r4)).status, GateStatus::Passed);
+        assert_eq!(
+            evaluate(&g, &w.snapshot(), Some(&r4)).status,
+            GateStatus::Passed
+        );
     }
 
     #[test]
@@ -257,6 +333,9 @@ mod tests {
         let mut w = World::healthy(1, 8);
         w.baseline.clear();
         set_alloc(&mut w, "node-0", 8);
-        assert_eq!(evaluate(&gate("baseline", "baseline", "0s"), &w.snapshot(), None).status, GateStatus::Passed);
+        assert_eq!(
+            evaluate(&gate("baseline", "baseline", "0s"), &w.snapshot(), None).status,
+            GateStatus::Passed
+        );
     }
 }

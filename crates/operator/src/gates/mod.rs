@@ -71,11 +71,17 @@ impl Snapshot<'_> {
 }
 
 pub fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
-    now.duration_since(since).try_into().unwrap_or(Duration::ZERO)
+    now.duration_since(since)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
 }
 
 /// Runs every configured gate; results in a stable order.
-pub fn evaluate_all(spec: &SafeRolloutSpec, snap: &Snapshot, previous: &[GateResult]) -> Vec<GateResult> {
+pub fn evaluate_all(
+    spec: &SafeRolloutSpec,
+    snap: &Snapshot,
+    previous: &[GateResult],
+) -> Vec<GateResult> {
     let prev = |name: &str| previous.iter().find(|g| g.gate == name);
     let mut results = vec![pods_ready::evaluate(snap)];
     if let Some(gates) = &spec.gates {
@@ -149,7 +155,13 @@ pub(crate) mod test_support {
             for n in &nodes {
                 w.pods.insert(n.clone(), vec![ready_pod(n, "new")]);
                 let alloc = BTreeMap::from([("example.com/gpu".to_string(), gpus)]);
-                w.node_states.insert(n.clone(), NodeState { allocatable: alloc.clone(), labels: BTreeMap::new() });
+                w.node_states.insert(
+                    n.clone(),
+                    NodeState {
+                        allocatable: alloc.clone(),
+                        labels: BTreeMap::new(),
+                    },
+                );
                 w.baseline.insert(n.clone(), alloc);
             }
             w

@@ -20,7 +20,11 @@ const FATAL_WAITING_REASONS: &[&str] = &[
 
 pub fn evaluate(snap: &Snapshot) -> GateResult {
     let mut waiting_on: Vec<&str> = Vec::new();
-    for node in snap.nodes.iter().filter(|n| snap.node_states.contains_key(*n)) {
+    for node in snap
+        .nodes
+        .iter()
+        .filter(|n| snap.node_states.contains_key(*n))
+    {
         let target_pods = snap
             .pods
             .get(node)
@@ -28,7 +32,11 @@ pub fn evaluate(snap: &Snapshot) -> GateResult {
             .flatten()
             .filter(|p| p.revision == snap.target_revision && !p.deleting);
         for pod in target_pods.clone() {
-            if let Some(reason) = pod.waiting_reason.as_deref().filter(|r| FATAL_WAITING_REASONS.contains(r)) {
+            if let Some(reason) = pod
+                .waiting_reason
+                .as_deref()
+                .filter(|r| FATAL_WAITING_REASONS.contains(r))
+            {
                 let mut r = result(
                     NAME,
                     GateStatus::Failed,
@@ -37,7 +45,10 @@ pub fn evaluate(snap: &Snapshot) -> GateResult {
                         "agent pod {} on node {node} is in {reason} (restarts: {}){}",
                         pod.name,
                         pod.restarts,
-                        pod.waiting_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                        pod.waiting_message
+                            .as_deref()
+                            .map(|m| format!(": {m}"))
+                            .unwrap_or_default()
                     ),
                 );
                 r.node = Some(node.clone());
@@ -50,13 +61,20 @@ pub fn evaluate(snap: &Snapshot) -> GateResult {
             waiting_on.push(node);
         }
     }
-    let total = snap.nodes.iter().filter(|n| snap.node_states.contains_key(*n)).count();
+    let total = snap
+        .nodes
+        .iter()
+        .filter(|n| snap.node_states.contains_key(*n))
+        .count();
     if waiting_on.is_empty() {
         return result(
             NAME,
             GateStatus::Passed,
             "PodsReady",
-            format!("{total}/{total} agent pods Running and Ready on revision {}", snap.target_revision),
+            format!(
+                "{total}/{total} agent pods Running and Ready on revision {}",
+                snap.target_revision
+            ),
         );
     }
     let ready = total - waiting_on.len();
@@ -65,14 +83,21 @@ pub fn evaluate(snap: &Snapshot) -> GateResult {
         "{ready}/{total} agent pods Running and Ready on revision {}; waiting for {}{}",
         snap.target_revision,
         shown.join(", "),
-        if waiting_on.len() > shown.len() { ", ..." } else { "" }
+        if waiting_on.len() > shown.len() {
+            ", ..."
+        } else {
+            ""
+        }
     );
     if snap.deadline_passed() {
         let mut r = result(
             NAME,
             GateStatus::Failed,
             "ProgressDeadlineExceeded",
-            format!("progress deadline of {:?} passed: {message}", snap.progress_deadline),
+            format!(
+                "progress deadline of {:?} passed: {message}",
+                snap.progress_deadline
+            ),
         );
         r.node = Some(waiting_on[0].to_string());
         r.observed = Some(format!("{ready}/{total} Ready"));
@@ -92,7 +117,10 @@ mod tests {
         let w = World::healthy(3, 8);
         let r = evaluate(&w.snapshot());
         assert_eq!(r.status, GateStatus::Passed, "{r:?}");
-        assert_eq!(r.message, "3/3 agent pods Running and Ready on revision new");
+        assert_eq!(
+            r.message,
+            "3/3 agent pods Running and Ready on revision new"
+        );
     }
 
     #[test]
@@ -104,7 +132,11 @@ mod tests {
         let r = evaluate(&w.snapshot());
         assert_eq!(r.status, GateStatus::Pending);
         assert_eq!(r.reason, "PodsNotReady");
-        assert!(r.message.contains("0/3") && r.message.contains("node-0, node-1, node-2"), "{}", r.message);
+        assert!(
+            r.message.contains("0/3") && r.message.contains("node-0, node-1, node-2"),
+            "{}",
+            r.message
+        );
     }
 
     #[test]
