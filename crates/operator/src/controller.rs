@@ -52,6 +52,8 @@ pub enum Error {
     MissingBackup(String),
     #[error("object has no {0}")]
     MissingField(&'static str),
+    #[error("the DaemonSet's spec changed since it was read; retrying with fresh caches")]
+    StaleDaemonSet,
 }
 
 impl Error {
@@ -63,6 +65,7 @@ impl Error {
             Error::Serde(_) => "serde".into(),
             Error::MissingBackup(_) => "missing_backup".into(),
             Error::MissingField(_) => "missing_field".into(),
+            Error::StaleDaemonSet => "stale_daemonset".into(),
         }
     }
 }
@@ -235,6 +238,15 @@ pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> R
         .inc();
     // Conflicts resolve on the next pass with fresh caches; anything else backs off.
     match error {
+        Error::StaleDaemonSet => Requeue::requeue(Duration::from_millis(200)),
+        Error::Finalizer(f)
+            if matches!(
+                **f,
+                kube::runtime::finalizer::Error::ApplyFailed(Error::StaleDaemonSet)
+            ) =>
+        {
+            Requeue::requeue(Duration::from_millis(200))
+        }
         Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
             Requeue::requeue(Duration::from_millis(200))
         }
@@ -450,6 +462,9 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         .await
         {
             Ok(()) => {}
+            Err(Error::Kube(kube::Error::Api(s))) if is_failed_guard(&s) => {
+                return Err(Error::StaleDaemonSet);
+            }
             // The API server refused the template: a condition, not a retry loop.
             Err(Error::Kube(kube::Error::Api(s)))
                 if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
@@ -546,6 +561,12 @@ fn record_metrics(
     }
 }
 
+/// A JSON patch whose `test` operation failed: the API server answers 422
+/// without field causes (an invalid object gets 422 with causes).
+fn is_failed_guard(s: &kube::core::Status) -> bool {
+    s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
+}
+
 /// Writes status with server-side apply when it changed (fields that became
 /// empty are removed, which a merge patch would not do).
 async fn write_status(
@@ -587,16 +608,18 @@ async fn perform(
     let client = &ctx.client;
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
     let ds_name = &sr.spec.target_ref.name;
-    let rv = world
+    let generation = world
         .ds
         .as_ref()
-        .and_then(|d| d.metadata.resource_version.clone())
+        .and_then(|d| d.metadata.generation)
         .unwrap_or_default();
-    // Every DaemonSet write is conditional on the version we decided from, so
-    // a concurrent edit by a person is never overwritten silently (409 -> retry
-    // with fresh caches, where the conflict is detected).
+    // Every DaemonSet write is conditional on the spec generation we decided
+    // from, so a concurrent edit by a person is never overwritten silently: the
+    // patch fails and the next pass, with fresh caches, sees the edit.
+    // (generation, not resourceVersion: status updates must not fail it.)
     let guarded = |ops: serde_json::Value| -> Result<Patch<serde_json::Value>> {
-        let mut all = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
+        let mut all =
+            vec![json!({"op": "test", "path": "/metadata/generation", "value": generation})];
         all.extend(ops.as_array().cloned().unwrap_or_default());
         Ok(Patch::Json(serde_json::from_value(
             serde_json::Value::Array(all),
@@ -871,10 +894,17 @@ pub async fn run(
     };
     // Fail early with a clear message when the CRD is not installed (the
     // operator never installs it itself: that is the deployer's job).
-    if let Err(e) = srs.list(&kube::api::ListParams::default().limit(1)).await {
-        anyhow::bail!(
-            "cannot list SafeRollouts ({e}); is deploy/crd.yaml applied and RBAC granted?"
-        );
+    // RBAC and a fresh CRD take a moment to be served after `kubectl apply`:
+    // retry for a while before giving up with a clear message.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = srs.list(&kube::api::ListParams::default().limit(1)).await {
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "cannot list SafeRollouts ({e}); are deploy/crd.yaml and deploy/rbac.yaml applied?"
+            );
+        }
+        warn!(error = %e, "cannot list SafeRollouts yet; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let ds_api: Api<DaemonSet> = namespaced_or_all(&client, &watch_namespace);
     let pod_api: Api<Pod> = namespaced_or_all(&client, &watch_namespace);

@@ -219,10 +219,15 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         .as_deref()
         .filter(|_| ds.observed_generation >= ds.generation)
     else {
+        // A rollout or revert in flight stays in its phase while the DaemonSet controller catches up.
+        let phase = match &st.phase {
+            Some(p @ (Phase::Progressing | Phase::RollingBack)) => *p,
+            _ => Phase::Pending,
+        };
         stalled(
             st,
             o,
-            Phase::Pending,
+            phase,
             "WaitingForDaemonSet",
             "waiting for the DaemonSet controller".into(),
         );
@@ -648,7 +653,9 @@ fn roll(
     if let Some(f) = failure {
         let node = f.node.clone().unwrap_or_default();
         let detail = match (&f.observed, &f.expected) {
-            (Some(obs), Some(exp)) => format!(" (observed {obs}, expected {exp})"),
+            (Some(obs), Some(exp)) if !f.message.contains(exp.as_str()) => {
+                format!(" (observed {obs}, expected {exp})")
+            }
             _ => String::new(),
         };
         let message = format!(

@@ -367,7 +367,7 @@ fn a_broken_release_is_reverted_at_the_canary() {
     assert_eq!(blocked.revision, "v2");
     assert_eq!(blocked.reason, "BelowMinimum");
     assert!(
-        blocked.message.contains("observed 0, expected >= 8"),
+        blocked.message.contains("is 0, expected >= 8"),
         "{}",
         blocked.message
     );

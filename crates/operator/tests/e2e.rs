@@ -527,7 +527,7 @@ async fn broken_release_is_reverted_at_the_canary() -> anyhow::Result<()> {
     let degraded = condition(&st, "Degraded").unwrap();
     assert_eq!(degraded.reason, "AllocatableFailed");
     assert!(
-        degraded.message.contains("observed 0, expected >= 8"),
+        degraded.message.contains("is 0, expected >= 8"),
         "{}",
         degraded.message
     );
@@ -574,7 +574,7 @@ async fn overcounting_release_is_reverted_by_the_ceiling() -> anyhow::Result<()>
     assert_eq!(degraded.reason, "AllocatableFailed");
     assert_eq!(st.blocked_revisions[0].reason, "AboveMaximum");
     assert!(
-        degraded.message.contains("observed 16, expected <= 8"),
+        degraded.message.contains("is 16, expected <= 8"),
         "{}",
         degraded.message
     );
