@@ -65,6 +65,18 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_update_strategy: Option<DaemonSetUpdateStrategy>,
 
+    /// The DaemonSet `metadata.generation` the operator's own last write
+    /// produced (or last accepted). A DaemonSet at another generation whose
+    /// template is neither the stable nor the target revision was edited by
+    /// someone else: with `spec.template` set, the rollout pauses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_set_generation: Option<i64>,
+
+    /// With `spec.template`: the hash of the spec.template last written to (or
+    /// found already on) the DaemonSet, so each template is applied once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_template_hash: Option<String>,
+
     /// The last value of the retry annotation the operator acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry: Option<String>,
@@ -205,9 +217,8 @@ pub struct BlockedRevision {
     /// Details: which gate failed where.
     #[serde(default)]
     pub message: String,
-    /// When `spec.template` was the source: the hash of that template, so the
-    /// same spec is not applied again (the `saferollout.dev/template-hash`
-    /// annotation on the DaemonSet's pod template).
+    /// When `spec.template` was the source: the hash of that template
+    /// (`status.appliedTemplateHash` then), so the same spec is not applied again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
     /// When the revision was blocked.

@@ -33,8 +33,6 @@ use crate::rollout::{self, Action, DaemonSetView, NodeInfo, Observed};
 
 /// Annotation a person sets to approve a paused stage; the value is the stage index.
 pub const APPROVE_ANNOTATION: &str = "saferollout.dev/approve";
-/// Annotation on the DaemonSet's pod template: the hash of the `spec.template` it was written from.
-pub const TEMPLATE_HASH_ANNOTATION: &str = "saferollout.dev/template-hash";
 /// Label on the last-good backup ControllerRevision: the DaemonSet revision it holds.
 pub const BACKUP_REVISION_LABEL: &str = "saferollout.dev/revision";
 const REVISION_HASH_LABEL: &str = "controller-revision-hash";
@@ -298,13 +296,6 @@ fn dereference(sr: &SafeRollout, ctx: &Context, ns: &str, id: &str) -> World {
                 .unwrap_or(0),
             update_strategy: d.spec.update_strategy.clone(),
             current_revision: current,
-            template_source: d
-                .spec
-                .template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.as_ref())
-                .and_then(|a| a.get(TEMPLATE_HASH_ANNOTATION).cloned()),
             known_revisions: own
                 .iter()
                 .filter_map(|cr| cr.labels().get(REVISION_HASH_LABEL).cloned())
@@ -408,6 +399,12 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         }
     };
     let spec_hash = spec_template.as_ref().map(template_hash);
+    let spec_template_in_place = match (&world.ds, &spec_template, &spec_hash) {
+        (Some(ds), Some(t), Some(h)) if status.applied_template_hash.as_ref() != Some(h) => {
+            template_in_place(ctx, ds, t).await
+        }
+        _ => false,
+    };
     let gated: Vec<String> = sr
         .spec
         .allocatable_gates()
@@ -427,6 +424,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
         daemonset: world.view.as_ref(),
         spec_template_hash: spec_hash.as_deref(),
+        spec_template_in_place,
         backup_revision: backup_revision.as_deref(),
         pods: &world.pods,
         nodes: &world.nodes,
@@ -561,6 +559,29 @@ fn record_metrics(
     }
 }
 
+/// Whether the DaemonSet's template already equals `template` once the API
+/// server has defaulted it: a server-side dry run of the write, compared with
+/// the live template. Only asked when spec.template changes.
+async fn template_in_place(ctx: &Context, ds: &DaemonSet, template: &serde_json::Value) -> bool {
+    let api: Api<DaemonSet> =
+        Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+    let patch: Patch<serde_json::Value> = match serde_json::from_value(
+        json!([{"op": "replace", "path": "/spec/template", "value": template}]),
+    ) {
+        Ok(p) => Patch::Json(p),
+        Err(_) => return false,
+    };
+    let params = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match api.patch(&ds.name_any(), &params, &patch).await {
+        Ok(would_be) => would_be.spec.template == ds.spec.template,
+        // An invalid template is reported when it is really written.
+        Err(_) => false,
+    }
+}
+
 /// A JSON patch whose `test` operation failed: the API server answers 422
 /// without field causes (an invalid object gets 422 with causes).
 fn is_failed_guard(s: &kube::core::Status) -> bool {
@@ -634,19 +655,7 @@ async fn perform(
             dss.patch(ds_name, &PatchParams::default(), &p).await?;
         }
         Action::ApplySpecTemplate => {
-            let mut t = spec_template.cloned().unwrap_or_default();
-            let meta = t
-                .as_object_mut()
-                .map(|m| m.entry("metadata").or_insert_with(|| json!({})));
-            if let Some(meta) = meta.and_then(|m| m.as_object_mut()) {
-                let ann = meta.entry("annotations").or_insert_with(|| json!({}));
-                if let Some(a) = ann.as_object_mut() {
-                    a.insert(
-                        TEMPLATE_HASH_ANNOTATION.into(),
-                        json!(spec_hash.unwrap_or_default()),
-                    );
-                }
-            }
+            let t = spec_template.cloned().unwrap_or_default();
             info!(%ns, daemonset = %ds_name, hash = ?spec_hash, "writing spec.template to the DaemonSet");
             let p = guarded(json!([{"op": "replace", "path": "/spec/template", "value": t}]))?;
             dss.patch(ds_name, &PatchParams::default(), &p).await?;

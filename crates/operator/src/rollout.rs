@@ -30,9 +30,6 @@ pub struct DaemonSetView {
     pub update_strategy: Option<DaemonSetUpdateStrategy>,
     /// `controller-revision-hash` of the DaemonSet's current template (its newest ControllerRevision).
     pub current_revision: Option<String>,
-    /// The `saferollout.dev/template-hash` annotation of the DaemonSet's current
-    /// pod template: which `spec.template` it was written from, if any.
-    pub template_source: Option<String>,
     /// Every revision the DaemonSet still has a ControllerRevision for.
     pub known_revisions: BTreeSet<String>,
 }
@@ -60,6 +57,9 @@ pub struct Observed<'a> {
     pub daemonset: Option<&'a DaemonSetView>,
     /// Hash of `spec.template` (GitOps mode), `None` in DaemonSet-edit mode.
     pub spec_template_hash: Option<&'a str>,
+    /// The DaemonSet's template already equals `spec.template` (a server-side
+    /// dry run of the write changed nothing): adopt it without a rollout.
+    pub spec_template_in_place: bool,
     /// The revision our last-good backup holds, if the backup exists.
     pub backup_revision: Option<&'a str>,
     /// Agent pods by node.
@@ -205,6 +205,9 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     }
     if !ds.is_on_delete() {
         actions.push(Action::TakeOverUpdates);
+        // Every DaemonSet write is guarded by its generation, so a successful
+        // one produces exactly the next generation.
+        st.daemon_set_generation = Some(ds.generation + 1);
         stalled(
             st,
             o,
@@ -213,6 +216,12 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
             "setting the DaemonSet's updateStrategy to OnDelete".into(),
         );
         return None;
+    }
+    if st.daemon_set_generation.is_some_and(|g| g > ds.generation) {
+        // Our last write never landed (crash between status and write, or a
+        // cache that lags): forget it, so it is decided again.
+        st.applied_template_hash = None;
+        st.daemon_set_generation = Some(ds.generation);
     }
     let Some(current) = ds
         .current_revision
@@ -267,8 +276,22 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     {
         st.last_retry = Some(retry.to_string());
         let before = st.blocked_revisions.len();
+        let unblocked_sources: Vec<String> = st
+            .blocked_revisions
+            .iter()
+            .filter(|b| b.revision == retry || b.template_hash.as_deref() == Some(retry))
+            .filter_map(|b| b.template_hash.clone())
+            .collect();
         st.blocked_revisions
             .retain(|b| b.revision != retry && b.template_hash.as_deref() != Some(retry));
+        if st
+            .applied_template_hash
+            .as_ref()
+            .is_some_and(|h| unblocked_sources.contains(h))
+        {
+            // Apply that spec.template again.
+            st.applied_template_hash = None;
+        }
         if st.blocked_revisions.len() != before {
             event(
                 actions,
@@ -279,12 +302,14 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         }
     }
 
-    // 4. GitOps mode: spec.template is the desired template.
-    if let Some(want) = o.spec_template_hash
-        && ds.template_source.as_deref() != Some(want)
-    {
-        let ours = current == stable || st.target_revision.as_deref() == Some(current);
-        if !ours {
+    // 4. GitOps mode: spec.template is the desired template, and the operator
+    // is the only writer of the DaemonSet's template.
+    let known = current == stable || st.target_revision.as_deref() == Some(current);
+    if o.spec_template_hash.is_some() && st.daemon_set_generation != Some(ds.generation) {
+        if known || st.daemon_set_generation.is_none() {
+            // A change outside the template (or a first look): accept it.
+            st.daemon_set_generation = Some(ds.generation);
+        } else {
             stalled(
                 st,
                 o,
@@ -297,30 +322,39 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
             );
             return None;
         }
-        if is_source_blocked(st, want) {
-            return settle(o, st, actions, current, &stable, ds);
+    }
+    if let Some(want) = o.spec_template_hash
+        && st.applied_template_hash.as_deref() != Some(want)
+        && !is_source_blocked(st, want)
+    {
+        st.applied_template_hash = Some(want.to_string());
+        // Already on the DaemonSet (first adoption, or Git caught up with a
+        // change made there): adopt it as it is, no write and no rollout.
+        if !o.spec_template_in_place {
+            // A new spec.template, not on the DaemonSet yet: write it (once).
+            actions.push(Action::ApplySpecTemplate);
+            st.daemon_set_generation = Some(ds.generation + 1);
+            st.target_revision = None;
+            st.current_stage = None;
+            st.stages.clear();
+            stalled(
+                st,
+                o,
+                Phase::Progressing,
+                "ApplyingTemplate",
+                "writing spec.template to the DaemonSet".into(),
+            );
+            conditions::set(
+                &mut st.conditions,
+                PROGRESSING,
+                true,
+                "ApplyingTemplate",
+                "writing spec.template to the DaemonSet",
+                o.generation,
+                o.now,
+            );
+            return None;
         }
-        actions.push(Action::ApplySpecTemplate);
-        st.target_revision = None;
-        st.current_stage = None;
-        st.stages.clear();
-        stalled(
-            st,
-            o,
-            Phase::Progressing,
-            "ApplyingTemplate",
-            "writing spec.template to the DaemonSet".into(),
-        );
-        conditions::set(
-            &mut st.conditions,
-            PROGRESSING,
-            true,
-            "ApplyingTemplate",
-            "writing spec.template to the DaemonSet",
-            o.generation,
-            o.now,
-        );
-        return None;
     }
     if current == stable {
         return settle(o, st, actions, current, &stable, ds);
@@ -328,7 +362,7 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     if is_blocked(st, current) {
         // A blocked revision is on the DaemonSet: written again by a person or
         // Helm, or left by a crash mid-revert. Never roll it; restore the last good.
-        actions.push(Action::RestoreLastGood);
+        restore_last_good(o, st, actions);
         let msg = format!(
             "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation); restoring {stable}"
         );
@@ -336,6 +370,14 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         return None;
     }
     roll(o, st, actions, current)
+}
+
+/// Writes the last good template back; the guarded write yields the next generation.
+fn restore_last_good(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) {
+    actions.push(Action::RestoreLastGood);
+    if let Some(ds) = o.daemonset {
+        st.daemon_set_generation = Some(ds.generation + 1);
+    }
 }
 
 /// The revision most agent pods run: the stable one when first adopting a DaemonSet.
@@ -368,7 +410,7 @@ fn settle(
         .is_some_and(|t| t != stable && is_blocked(st, t));
     if current != stable {
         // Blocked spec.template: the DaemonSet holds a template we did not roll out; restore.
-        actions.push(Action::RestoreLastGood);
+        restore_last_good(o, st, actions);
         return None;
     }
     let off = pods_not_on(o.pods, stable);
@@ -665,7 +707,7 @@ fn roll(
         stage.state = StageState::Failed;
         st.blocked_revisions.push(BlockedRevision {
             revision: target.to_string(),
-            template_hash: o.daemonset.and_then(|d| d.template_source.clone()),
+            template_hash: o.spec_template_hash.and(st.applied_template_hash.clone()),
             reason: f.reason.clone(),
             message: message.clone(),
             blocked_at: Time(now),
@@ -701,7 +743,7 @@ fn roll(
             now,
         );
         event(actions, true, "GateFailed", message);
-        actions.push(Action::RestoreLastGood);
+        restore_last_good(o, st, actions);
         return None;
     }
 

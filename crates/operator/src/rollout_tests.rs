@@ -63,7 +63,6 @@ impl Model {
                     ..Default::default()
                 }),
                 current_revision: Some("v1".into()),
-                template_source: None,
                 known_revisions: BTreeSet::from(["v1".to_string()]),
             },
             releases: BTreeMap::from([("v1".to_string(), Release::Healthy)]),
@@ -139,6 +138,10 @@ impl Model {
         self.releases.insert(revision.into(), release);
         self.ds.current_revision = Some(revision.into());
         self.ds.known_revisions.insert(revision.into());
+        self.bump_generation();
+    }
+
+    fn bump_generation(&mut self) {
         self.ds.generation += 1;
         self.ds.observed_generation += 1;
     }
@@ -152,6 +155,8 @@ impl Model {
             approve: self.approve.as_deref(),
             daemonset: Some(&self.ds),
             spec_template_hash: self.spec_hash.as_deref(),
+            spec_template_in_place: self.spec_hash.as_ref().map(|h| format!("spec-{h}"))
+                == self.ds.current_revision,
             backup_revision: self.backup.as_deref(),
             pods: &self.pods,
             nodes: &self.nodes,
@@ -172,18 +177,18 @@ impl Model {
                     self.ds.update_strategy = Some(DaemonSetUpdateStrategy {
                         type_: Some("OnDelete".into()),
                         ..Default::default()
-                    })
+                    });
+                    self.bump_generation();
                 }
                 Action::BackupTemplate { revision } => self.backup = Some(revision.clone()),
                 Action::ApplySpecTemplate => {
                     let rev = format!("spec-{}", self.spec_hash.clone().unwrap());
-                    self.ds.template_source = self.spec_hash.clone();
                     self.new_revision(&rev, *self.releases.get(&rev).unwrap_or(&Release::Healthy));
                 }
                 Action::RestoreLastGood => {
                     let stable = self.backup.clone().expect("restore needs a backup");
                     self.ds.current_revision = Some(stable);
-                    self.ds.template_source = None;
+                    self.bump_generation();
                 }
                 Action::LabelNodes { nodes, .. } => self.labelled.extend(nodes.iter().cloned()),
                 Action::UnlabelNodes { nodes } => nodes.iter().for_each(|n| {
@@ -573,18 +578,56 @@ fn gitops_detects_a_human_edit_and_overwrites_nothing() {
     let mut m = healthy_settled(4);
     m.spec_hash = Some("h2".into());
     m.run(300);
-    // Someone edits the DaemonSet by hand.
     m.new_revision("hand", Release::Healthy);
-    m.ds.template_source = None;
-    let d = m.tick();
-    assert!(
-        d.actions.iter().all(|a| matches!(a, Action::Event { .. })),
-        "{:?}",
-        d.actions
-    );
+    for _ in 0..5 {
+        let d = m.tick();
+        assert!(
+            d.actions.iter().all(|a| matches!(a, Action::Event { .. })),
+            "{:?}",
+            d.actions
+        );
+    }
     assert_eq!(m.status.phase, Some(Phase::Paused));
     let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
     assert_eq!(ready.reason, "TemplateConflict");
+    assert!(m.all_on("spec-h2"));
+    // Reverting the edit resumes: the DaemonSet is back on a known revision.
+    m.new_revision("spec-h2", Release::Healthy);
+    m.run(50);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+}
+
+#[test]
+fn gitops_adopts_a_daemonset_already_on_spec_template_without_a_rollout() {
+    let mut m = Model::new(4);
+    m.releases.insert("spec-same".into(), Release::Healthy);
+    m.ds.current_revision = Some("spec-same".into());
+    m.ds.known_revisions.insert("spec-same".into());
+    for p in m.pods.values_mut().flatten() {
+        p.revision = "spec-same".into();
+    }
+    m.spec_hash = Some("same".into());
+    m.run(50);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded));
+    assert!(!m.actions_log.contains(&Action::ApplySpecTemplate));
+    assert!(
+        !m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::DeletePods { .. }))
+    );
+    assert_eq!(m.status.applied_template_hash.as_deref(), Some("same"));
+}
+
+#[test]
+fn a_lost_template_write_is_made_again() {
+    let mut m = healthy_settled(4);
+    m.spec_hash = Some("h2".into());
+    let d = decide(&m.observed());
+    assert!(d.actions.contains(&Action::ApplySpecTemplate));
+    // The status was written, then the operator died before writing the DaemonSet.
+    m.status = d.status;
+    m.run(300);
+    assert!(m.all_on("spec-h2"), "{:#?}", m.status);
 }
 
 #[test]

@@ -739,3 +739,70 @@ async fn malformed_saferollouts_are_rejected_naming_the_field() -> anyhow::Resul
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn deleting_a_rollout_midway_gives_the_daemonset_back() -> anyhow::Result<()> {
+    let env = setup("delete").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_plugin_daemonset(&env, v1).await?;
+    let mut spec = default_spec(&env, v1);
+    spec["stages"] = json!([{"nodes": 1, "soak": "1h"}, {"nodes": "100%"}]);
+    create_rollout(&env, spec).await?;
+    wait_settled_healthy(&env, v1).await?;
+    set_template_image(&env, v2).await?;
+    // Mid-rollout: the canary soaks for an hour, its node labelled.
+    wait_status(&env, TIMEOUT, |st| {
+        st.stages
+            .first()
+            .is_some_and(|s| s.state == saferollout_api::StageState::Soaking)
+    })
+    .await?;
+    srs(&env).delete("plugin", &Default::default()).await?;
+    wait_for_object(&srs(&env), "plugin", TIMEOUT, |sr| sr.is_none()).await?;
+    // The original update strategy is back, labels are gone, every node still has its agent.
+    let ds = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .get("plugin")
+        .await?;
+    assert_eq!(
+        ds.spec.update_strategy.and_then(|s| s.type_).as_deref(),
+        Some("RollingUpdate")
+    );
+    wait_unlabelled(&env).await?;
+    // The DaemonSet controller now owns the update and converges on the template.
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_human_edit_of_the_daemonset_pauses_and_overwrites_nothing() -> anyhow::Result<()> {
+    let env = setup("edit").await?;
+    let v1 = "registry.example/plugin:v1";
+    let hand = "registry.example/plugin:v1-hotfix-by-hand";
+    create_plugin_daemonset(&env, v1).await?;
+    create_rollout(&env, default_spec(&env, v1)).await?;
+    wait_settled_healthy(&env, v1).await?;
+    let dss = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name);
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "plugin", "image": hand}]}}}});
+    dss.patch("plugin", &PatchParams::default(), &Patch::Strategic(patch))
+        .await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        condition(st, "Ready").is_some_and(|c| c.reason == "TemplateConflict")
+    })
+    .await?;
+    assert_eq!(st.phase, Some(Phase::Paused));
+    // The edit stands and no pod was replaced.
+    let ds = dss.get("plugin").await?;
+    let image = ds.spec.template.spec.unwrap().containers[0].image.clone();
+    assert_eq!(image.as_deref(), Some(hand));
+    let pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns.name)
+        .list(&Default::default())
+        .await?;
+    assert!(
+        pods.items.iter().all(|p| image_of(p) == v1),
+        "no pod may be replaced"
+    );
+    Ok(())
+}

@@ -74,9 +74,9 @@ pub struct LintError {
     /// 0-based index in a `List` document's items.
     pub item: Option<usize>,
     /// 1-based line in the whole input, when the parser knows it.
-    pub line: Option<u64>,
+    pub line: Option<usize>,
     /// 1-based column, when the parser knows it.
-    pub column: Option<u64>,
+    pub column: Option<usize>,
     pub kind: LintErrorKind,
     /// The parser's message (without its position, which is in `line`/`column`).
     pub message: String,
@@ -234,7 +234,7 @@ impl Position {
         LintError {
             document: self.document,
             item: self.item,
-            line: Some(self.line as u64),
+            line: Some(self.line),
             column: None,
             kind,
             message,
@@ -462,8 +462,13 @@ impl Chunk {
     ) -> LintError {
         let location = error
             .location()
-            .filter(|l| l.line() > 0)
-            .map(|l| (l.line(), l.column()));
+            .and_then(|l| {
+                Some((
+                    usize::try_from(l.line()).ok()?,
+                    usize::try_from(l.column()).ok()?,
+                ))
+            })
+            .filter(|(line, _)| *line > 0);
         let mut options = RenderOptions::default();
         options.snippets = SnippetMode::Off;
         let mut message = error.render_with_options(options);
@@ -483,7 +488,7 @@ impl Chunk {
         LintError {
             document,
             item: None,
-            line: location.map(|(line, _)| self.first_line as u64 + line - 1),
+            line: location.map(|(line, _)| self.first_line + line - 1),
             column: location.map(|(_, column)| column),
             kind,
             message: format!("{prefix}{message}"),

@@ -115,8 +115,7 @@ fn label_values(labels: Option<&BTreeMap<String, String>>) -> Vec<&str> {
 
 /// A hostPath volume mounted into a (regular) container.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HostMount<'a> {
-    pub container: &'a str,
+pub(crate) struct HostMount {
     /// The host directory the container sees: the volume's path plus the
     /// mount's subPath, normalised.
     pub host_path: String,
@@ -124,7 +123,7 @@ pub(crate) struct HostMount<'a> {
 
 /// Every hostPath volume mounted by a regular container (init containers run
 /// to completion before the plugin starts, so their mounts do not count).
-pub(crate) fn container_host_mounts(pod: &PodSpec) -> Vec<HostMount<'_>> {
+pub(crate) fn container_host_mounts(pod: &PodSpec) -> Vec<HostMount> {
     let volumes = pod.volumes.as_deref().unwrap_or_default();
     let mut mounts = Vec::new();
     for container in &pod.containers {
@@ -142,7 +141,6 @@ pub(crate) fn container_host_mounts(pod: &PodSpec) -> Vec<HostMount<'_>> {
                 path.push_str(sub);
             }
             mounts.push(HostMount {
-                container: &container.name,
                 host_path: normalise(&path),
             });
         }

@@ -95,9 +95,9 @@ pub fn literal_secrets(object: &str, pod: &PodSpec) -> Vec<Finding> {
     findings
 }
 
-/// Names of hostPath volumes whose path covers `dir` (for "declared but not
-/// mounted" messages).
-fn host_path_volumes_covering(pod: &PodSpec, matches: impl Fn(&str) -> bool) -> Vec<&str> {
+/// Names of the hostPath volumes whose (normalised) path `matches`, mounted
+/// or not (for "declared but not mounted" messages).
+fn host_path_volumes_matching(pod: &PodSpec, matches: impl Fn(&str) -> bool) -> Vec<&str> {
     pod.volumes
         .iter()
         .flatten()
@@ -123,7 +123,7 @@ pub fn device_plugin_socket_mount(object: &str, pod: &PodSpec, kind: Kind) -> Ve
     if mounted {
         return Vec::new();
     }
-    let declared = host_path_volumes_covering(pod, |p| covers(p, DEVICE_PLUGIN_DIR));
+    let declared = host_path_volumes_matching(pod, |p| covers(p, DEVICE_PLUGIN_DIR));
     let message = match declared.first() {
         Some(volume) => format!(
             "hostPath volume {volume:?} ({DEVICE_PLUGIN_DIR}) is declared but no container mounts it: the plugin cannot register with the kubelet and advertises nothing"

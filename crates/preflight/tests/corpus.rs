@@ -20,7 +20,7 @@ fn corpus_dir() -> PathBuf {
 struct Header {
     expect: BTreeSet<String>,
     psa: Option<PsaLevel>,
-    expect_error: Option<(LintErrorKind, Option<u64>)>,
+    expect_error: Option<(LintErrorKind, Option<usize>)>,
 }
 
 fn header(file: &str, text: &str) -> Header {

@@ -114,7 +114,9 @@ fn multi_document_input() {
          - apiVersion: v1\n  kind: Service\n  metadata: {{name: metrics}}\n"
     );
     let results = lint(&yaml);
-    let summary: Vec<(usize, Option<usize>, usize, &str, Vec<&str>)> = results
+    // (document, item, line, kind, codes)
+    type Summary<'a> = (usize, Option<usize>, usize, &'a str, Vec<&'a str>);
+    let summary: Vec<Summary> = results
         .iter()
         .map(|(d, f)| (d.document, d.item, d.line, d.kind.as_str(), codes_of(f)))
         .collect();
