@@ -84,6 +84,26 @@ pub struct Context {
     pub stores: Stores,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// resourceVersion of each SafeRollout as our last status write left it.
+    /// The cache can lag behind our own writes; deciding from an older status
+    /// would redo a plan or lose a recorded value, so such passes wait.
+    pub written: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
+}
+
+/// The cached object is older than our own last status write.
+fn is_stale(sr: &SafeRollout, ctx: &Context) -> bool {
+    let key = (sr.namespace().unwrap_or_default(), sr.name_any());
+    let cached = sr
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    let written = ctx
+        .written
+        .lock()
+        .map(|m| m.get(&key).copied())
+        .unwrap_or_default();
+    matches!((cached, written), (Some(c), Some(w)) if c < w)
 }
 
 /// A label value identifying a SafeRollout on nodes (`<namespace>.<name>`, hashed when too long).
@@ -214,6 +234,10 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &ns);
+    if is_stale(&sr, &ctx) {
+        // The watch delivers our write in a moment and triggers a fresh pass.
+        return Ok(Requeue::requeue(Duration::from_millis(500)));
+    }
     let result = finalizer(&api, FINALIZER, sr, |event| async {
         match event {
             Finalizer::Apply(sr) => apply(&sr, &ctx).await,
@@ -576,7 +600,17 @@ async fn template_in_place(ctx: &Context, ds: &DaemonSet, template: &serde_json:
         ..Default::default()
     };
     match api.patch(&ds.name_any(), &params, &patch).await {
-        Ok(would_be) => would_be.spec.template == ds.spec.template,
+        Ok(would_be) => {
+            let same = would_be.spec.template == ds.spec.template;
+            if !same {
+                tracing::debug!(
+                    live = %serde_json::to_string(&ds.spec.template).unwrap_or_default(),
+                    wanted = %serde_json::to_string(&would_be.spec.template).unwrap_or_default(),
+                    "spec.template differs from the DaemonSet's"
+                );
+            }
+            same
+        }
         // An invalid template is reported when it is really written.
         Err(_) => false,
     }
@@ -606,12 +640,25 @@ async fn write_status(
         "kind": saferollout_api::KIND,
         "status": new,
     });
-    api.patch_status(
-        &sr.name_any(),
-        &PatchParams::apply(FIELD_MANAGER),
-        &Patch::Apply(patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &sr.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(patch),
+        )
+        .await?;
+    if let Some(rv) = written
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        && let Ok(mut m) = ctx.written.lock()
+    {
+        m.insert(
+            (written.namespace().unwrap_or_default(), written.name_any()),
+            rv,
+        );
+    }
     Ok(())
 }
 
@@ -874,6 +921,9 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         .await?;
     }
     ctx.metrics.forget(&ns, &name);
+    if let Ok(mut m) = ctx.written.lock() {
+        m.remove(&(ns.clone(), name.clone()));
+    }
     Ok(Requeue::await_change())
 }
 
@@ -969,6 +1019,7 @@ pub async fn run(
         stores: stores.clone(),
         recorder,
         metrics,
+        written: Default::default(),
     });
 
     let controller = Controller::new(srs, watcher::Config::default().any_semantic());

@@ -415,10 +415,12 @@ async fn healthy_release_rolls_through_every_stage_within_bounds() -> anyhow::Re
     create_plugin_daemonset(&env, v1).await?;
     create_rollout(&env, default_spec(&env, v1)).await?;
     let adopted = wait_settled_healthy(&env, v1).await?;
-    assert!(
-        adopted.last_good_template.is_some(),
-        "the last good template is recorded before any change"
+    // Adopting a DaemonSet already on spec.template replaces no pod.
+    assert_eq!(
+        adopted.target_revision, None,
+        "no rollout on adoption: {adopted:#?}"
     );
+    let adopted = wait_status(&env, TIMEOUT, |st| st.last_good_template.is_some()).await?;
 
     let (rec, task) = record(&env, v2, v1);
     set_template_image(&env, v2).await?;

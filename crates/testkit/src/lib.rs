@@ -312,9 +312,17 @@ where
         let mut stream = watcher(api.clone(), config).default_backoff().boxed();
         while let Some(event) = stream.try_next().await? {
             match event {
-                watcher::Event::Apply(o) | watcher::Event::InitApply(o) => last = Some(o),
+                watcher::Event::Init => {
+                    last = None;
+                    continue;
+                }
+                // Judge only complete pictures: "absent" is not known before InitDone.
+                watcher::Event::InitApply(o) => {
+                    last = Some(o);
+                    continue;
+                }
+                watcher::Event::Apply(o) => last = Some(o),
                 watcher::Event::Delete(_) => last = None,
-                watcher::Event::Init => last = None,
                 watcher::Event::InitDone => {}
             }
             if done(last.as_ref()) {
