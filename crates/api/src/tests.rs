@@ -481,7 +481,7 @@ fn schema_has_field_naming_validations() {
 
     let stages = at(&root, "spec.stages");
     assert_eq!(stages["minItems"], 1);
-    assert_eq!(stages["maxItems"], 20);
+    assert_eq!(stages["maxItems"], crate::schema::MAX_STAGES);
     assert_eq!(stages["items"]["required"], json!(["nodes"]));
 
     let nodes = at(&root, "spec.stages.[].nodes");

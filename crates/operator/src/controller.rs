@@ -446,6 +446,9 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         status: &status,
         retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
         approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
+        abort: annotations
+            .get(crate::rollout::ABORT_ANNOTATION)
+            .map(String::as_str),
         daemonset: world.view.as_ref(),
         spec_template_hash: spec_hash.as_deref(),
         spec_template_in_place,

@@ -14,11 +14,14 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{
-    BlockedRevision, GateStatus, Phase, RETRY_ANNOTATION, SafeRolloutSpec, SafeRolloutStatus,
-    StageState, StageStatus, resolve_count,
+    BlockedRevision, GateResult, GateStatus, Phase, RETRY_ANNOTATION, SafeRolloutSpec,
+    SafeRolloutStatus, StageState, StageStatus, resolve_count,
 };
 
 use crate::conditions::{self, DEGRADED, PROGRESSING, READY};
+
+/// Annotation a person sets to revert a rollout now; the value is the target revision.
+pub const ABORT_ANNOTATION: &str = "saferollout.dev/abort";
 use crate::gates::{self, AgentPod, NodeState, Snapshot};
 use crate::plan::{self, Candidate};
 
@@ -53,6 +56,8 @@ pub struct Observed<'a> {
     pub retry: Option<&'a str>,
     /// `saferollout.dev/approve` annotation value (a stage index).
     pub approve: Option<&'a str>,
+    /// `saferollout.dev/abort` annotation value (a target revision to revert now).
+    pub abort: Option<&'a str>,
     /// `None` when the target DaemonSet does not exist.
     pub daemonset: Option<&'a DaemonSetView>,
     /// Hash of `spec.template` (GitOps mode), `None` in DaemonSet-edit mode.
@@ -533,7 +538,7 @@ fn roll(
             now,
         );
     }
-    if o.spec.paused {
+    if o.spec.paused && o.abort != Some(target) {
         let msg = format!("paused by spec.paused while rolling out revision {target}");
         stalled(st, o, Phase::Paused, "Paused", msg);
         return None;
@@ -682,7 +687,14 @@ fn roll(
         now,
     };
     let results = gates::evaluate_all(o.spec, &snapshot, &stage.gates);
-    let failure = gates::first_failure(&results).cloned();
+    let aborted = (o.abort == Some(target)).then(|| GateResult {
+        gate: "manual".into(),
+        status: GateStatus::Failed,
+        reason: "Aborted".into(),
+        message: format!("aborted by a person ({ABORT_ANNOTATION}={target})"),
+        ..Default::default()
+    });
+    let failure = aborted.or_else(|| gates::first_failure(&results).cloned());
     let passed = gates::all_passed(&results) && waiting_to_replace == 0;
     let next_soak_check = results
         .iter()

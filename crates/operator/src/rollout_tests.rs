@@ -37,6 +37,7 @@ struct Model {
     backup: Option<String>,
     retry: Option<String>,
     approve: Option<String>,
+    abort: Option<String>,
     spec_hash: Option<String>,
     now: Timestamp,
     pod_counter: usize,
@@ -72,6 +73,7 @@ impl Model {
             backup: None,
             retry: None,
             approve: None,
+            abort: None,
             spec_hash: None,
             now: Timestamp::from_second(1_800_000_000).unwrap(),
             pod_counter: 0,
@@ -153,6 +155,7 @@ impl Model {
             status: &self.status,
             retry: self.retry.as_deref(),
             approve: self.approve.as_deref(),
+            abort: self.abort.as_deref(),
             daemonset: Some(&self.ds),
             spec_template_hash: self.spec_hash.as_deref(),
             spec_template_in_place: self.spec_hash.as_ref().map(|h| format!("spec-{h}"))
@@ -655,4 +658,18 @@ fn decisions_are_deterministic() {
     assert_eq!(a.actions, b.actions);
     assert_eq!(a.requeue_after, b.requeue_after);
     let _ = Duration::ZERO;
+}
+
+#[test]
+fn abort_reverts_at_once_and_blocks_the_revision() {
+    let mut m = healthy_settled(6);
+    m.new_revision("v2", Release::Healthy);
+    m.tick();
+    m.tick();
+    m.abort = Some("v2".into());
+    m.run(100);
+    assert_eq!(m.status.phase, Some(Phase::Degraded));
+    assert_eq!(m.status.blocked_revisions[0].reason, "Aborted");
+    assert_eq!(m.degraded_reason().as_deref(), Some("ManualFailed"));
+    assert!(m.all_on("v1"));
 }
