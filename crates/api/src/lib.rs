@@ -23,12 +23,12 @@ pub use consts::*;
 pub use duration::{DurationError, DurationString, format_duration, parse_duration};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use spec::{
-    AllocatableGate, Canary, Gates, PodsReadyGate, SafeRollout, SafeRolloutSpec, Stage, TargetRef,
-    default_stages,
+    AllocatableGate, Canary, Gates, PodsReadyGate, Preflight, PreflightPolicy, SafeRollout,
+    SafeRolloutSpec, Stage, TargetRef, default_stages,
 };
 pub use status::{
-    BlockedRevision, GateResult, GateStatus, LastGoodTemplate, Phase, SafeRolloutStatus,
-    StageState, StageStatus,
+    BlockedRevision, GateResult, GateStatus, LastGoodTemplate, Phase, PreflightFinding,
+    PreflightStatus, SafeRolloutStatus, StageState, StageStatus,
 };
 pub use validate::FieldError;
 

@@ -91,6 +91,30 @@ pub struct SafeRolloutSpec {
     /// false again. A revert in progress still completes.
     #[serde(default)]
     pub paused: bool,
+
+    /// The guides' checklists run before the first stage of each new revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<Preflight>,
+}
+
+/// Preflight checks before stage 1.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preflight {
+    /// `Enforce`: an error finding blocks the rollout (no pod is touched).
+    /// `Warn` (default): findings are reported, the rollout goes on.
+    /// `Skip`: no checks.
+    #[serde(default)]
+    pub policy: PreflightPolicy,
+}
+
+/// Whether preflight errors block a rollout.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum PreflightPolicy {
+    Enforce,
+    #[default]
+    Warn,
+    Skip,
 }
 
 /// A reference to the DaemonSet to roll out.
@@ -287,6 +311,7 @@ impl SafeRolloutSpec {
             progress_deadline: default_progress_deadline(),
             gates: None,
             paused: false,
+            preflight: None,
         }
     }
 

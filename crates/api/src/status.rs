@@ -77,6 +77,10 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_template_hash: Option<String>,
 
+    /// Preflight results for the target revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<PreflightStatus>,
+
     /// The last value of the retry annotation the operator acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry: Option<String>,
@@ -309,4 +313,32 @@ impl SafeRolloutStatus {
     pub fn stage(&self, index: i32) -> Option<&StageStatus> {
         self.stages.iter().find(|s| s.index == index)
     }
+}
+
+/// Preflight results (the guides' checklists) for one revision.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightStatus {
+    /// The revision checked.
+    pub revision: String,
+    /// No error finding.
+    pub passed: bool,
+    pub errors: i32,
+    pub warnings: i32,
+    /// The findings, errors first, at most 20.
+    #[serde(default)]
+    pub findings: Vec<PreflightFinding>,
+}
+
+/// One preflight finding.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightFinding {
+    /// Error, Warning or Info.
+    pub severity: String,
+    /// Stable code, e.g. SR101.
+    pub code: String,
+    pub object: String,
+    pub message: String,
+    pub fix: String,
 }

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 #[test]
 fn deploy_crd_yaml_is_fresh() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crd.yaml");
+    let path =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("../../deploy/crd.yaml");
     let generated = saferollout_api::crd_yaml();
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     if on_disk != generated {

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+pub const PREFLIGHT_PASSED: &str = "PreflightPassed";
 
 /// Sets one condition, keeping its transition time when the status is unchanged.
 pub fn set(

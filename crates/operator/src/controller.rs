@@ -423,18 +423,15 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         }
     };
     let spec_hash = spec_template.as_ref().map(template_hash);
+    let gated = gated_resources(sr);
+    let preflight = run_preflight(sr, ctx, &world, &status, &gated).await;
     let spec_template_in_place = match (&world.ds, &spec_template, &spec_hash) {
         (Some(ds), Some(t), Some(h)) if status.applied_template_hash.as_ref() != Some(h) => {
             template_in_place(ctx, ds, t).await
         }
         _ => false,
     };
-    let gated: Vec<String> = sr
-        .spec
-        .allocatable_gates()
-        .iter()
-        .map(|g| g.resource.clone())
-        .collect();
+    let gated = gated_resources(sr);
     let backup_revision = world
         .backup
         .as_ref()
@@ -449,6 +446,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         abort: annotations
             .get(crate::rollout::ABORT_ANNOTATION)
             .map(String::as_str),
+        preflight: preflight.as_ref(),
         daemonset: world.view.as_ref(),
         spec_template_hash: spec_hash.as_deref(),
         spec_template_in_place,
@@ -584,6 +582,102 @@ fn record_metrics(
     {
         m.rollouts_succeeded.get_or_create(&labels).inc();
     }
+}
+
+fn gated_resources(sr: &SafeRollout) -> Vec<String> {
+    sr.spec
+        .allocatable_gates()
+        .iter()
+        .map(|g| g.resource.clone())
+        .collect()
+}
+
+/// Preflight for the DaemonSet's current revision, when a rollout of it is
+/// about to start (or was blocked by it: the cluster may have been fixed).
+async fn run_preflight(
+    sr: &SafeRollout,
+    ctx: &Context,
+    world: &World,
+    status: &SafeRolloutStatus,
+    gated: &[String],
+) -> Option<saferollout_api::PreflightStatus> {
+    let policy = sr
+        .spec
+        .preflight
+        .as_ref()
+        .map(|p| p.policy)
+        .unwrap_or_default();
+    let (ds, view) = (world.ds.as_ref()?, world.view.as_ref()?);
+    let current = view.current_revision.as_deref()?;
+    let fresh_needed = policy != saferollout_api::PreflightPolicy::Skip
+        && status
+            .stable_revision
+            .as_deref()
+            .is_some_and(|s| s != current)
+        && (status.target_revision.as_deref() != Some(current) || status.stages.is_empty())
+        && status
+            .preflight
+            .as_ref()
+            .is_none_or(|p| p.revision != current || !p.passed);
+    if !fresh_needed {
+        return None;
+    }
+    // The namespace's Pod Security level decides whether the agent can start at all.
+    let ns = ds.namespace().unwrap_or_default();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    let psa = match namespaces.get(&ns).await {
+        Ok(n) => saferollout_preflight::PsaLevel::from_namespace_labels(n.labels()),
+        Err(e) => {
+            warn!(%ns, error = %e, "cannot read the namespace's Pod Security level");
+            None
+        }
+    };
+    let nodes: Vec<crate::preflight::NodeFacts> = ctx
+        .stores
+        .nodes
+        .state()
+        .iter()
+        .map(|n| crate::preflight::NodeFacts {
+            name: n.name_any(),
+            capacity: n
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .map(|c| {
+                    c.iter()
+                        .filter_map(|(k, q)| Some((k.clone(), quantity_as_count(q)?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            taints: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+            labels: n.labels().clone(),
+        })
+        .collect();
+    // Trusted discovery labels (a gate's `max: capacityLabel:<label>`) mark device nodes too.
+    let device_labels: Vec<String> = sr
+        .spec
+        .allocatable_gates()
+        .iter()
+        .filter_map(|g| match &g.max {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(v) => v
+                .strip_prefix(saferollout_api::CAPACITY_LABEL_PREFIX)
+                .map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    Some(crate::preflight::check(
+        current,
+        ds,
+        &world.pods,
+        &nodes,
+        gated,
+        &device_labels,
+        psa,
+    ))
 }
 
 /// Whether the DaemonSet's template already equals `template` once the API

@@ -12,4 +12,5 @@ pub mod controller;
 pub mod gates;
 pub mod metrics;
 pub mod plan;
+pub mod preflight;
 pub mod rollout;

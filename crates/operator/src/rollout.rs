@@ -14,11 +14,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{
-    BlockedRevision, GateResult, GateStatus, Phase, RETRY_ANNOTATION, SafeRolloutSpec,
-    SafeRolloutStatus, StageState, StageStatus, resolve_count,
+    BlockedRevision, GateResult, GateStatus, Phase, PreflightPolicy, PreflightStatus,
+    RETRY_ANNOTATION, SafeRolloutSpec, SafeRolloutStatus, StageState, StageStatus, resolve_count,
 };
 
-use crate::conditions::{self, DEGRADED, PROGRESSING, READY};
+use crate::conditions::{self, DEGRADED, PREFLIGHT_PASSED, PROGRESSING, READY};
 
 /// Annotation a person sets to revert a rollout now; the value is the target revision.
 pub const ABORT_ANNOTATION: &str = "saferollout.dev/abort";
@@ -58,6 +58,8 @@ pub struct Observed<'a> {
     pub approve: Option<&'a str>,
     /// `saferollout.dev/abort` annotation value (a target revision to revert now).
     pub abort: Option<&'a str>,
+    /// Preflight results computed now for the DaemonSet's current revision, if asked.
+    pub preflight: Option<&'a PreflightStatus>,
     /// `None` when the target DaemonSet does not exist.
     pub daemonset: Option<&'a DaemonSetView>,
     /// Hash of `spec.template` (GitOps mode), `None` in DaemonSet-edit mode.
@@ -544,6 +546,10 @@ fn roll(
         return None;
     }
 
+    if preflight_blocks(o, st, actions, target) {
+        return None;
+    }
+
     let stage_specs = o.spec.effective_stages();
     // The schema rejects malformed durations; a default stands in for one that slipped through.
     let progress_deadline = o
@@ -868,6 +874,66 @@ fn roll(
     conditions::set(cs, DEGRADED, false, "Healthy", "", o.generation, now);
     event(actions, false, "RolloutSucceeded", msg);
     None
+}
+
+/// Records preflight results for `target`; true when they block the rollout
+/// (policy Enforce, an error finding, no stage started yet).
+fn preflight_blocks(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    target: &str,
+) -> bool {
+    let policy = o
+        .spec
+        .preflight
+        .as_ref()
+        .map(|p| p.policy)
+        .unwrap_or_default();
+    if policy == PreflightPolicy::Skip {
+        return false;
+    }
+    if let Some(fresh) = o.preflight.filter(|p| p.revision == target) {
+        st.preflight = Some(fresh.clone());
+    }
+    let Some(p) = st.preflight.as_ref().filter(|p| p.revision == target) else {
+        return false;
+    };
+    let mut msg = format!(
+        "preflight of revision {target}: {} error(s), {} warning(s)",
+        p.errors, p.warnings
+    );
+    if let Some(f) = p.findings.first().filter(|f| f.severity == "Error") {
+        msg.push_str(&format!("; {} {}: {}", f.code, f.object, f.message));
+    }
+    let (passed, reason) = if p.passed {
+        (true, "Passed")
+    } else {
+        (false, "ErrorsFound")
+    };
+    let blocked = !p.passed && policy == PreflightPolicy::Enforce && st.stages.is_empty();
+    conditions::set(
+        &mut st.conditions,
+        PREFLIGHT_PASSED,
+        passed,
+        reason,
+        msg.clone(),
+        o.generation,
+        o.now,
+    );
+    if blocked {
+        if o.status.phase != Some(Phase::Failed) {
+            event(actions, true, "PreflightFailed", msg.clone());
+        }
+        stalled(
+            st,
+            o,
+            Phase::Failed,
+            "PreflightFailed",
+            format!("{msg} (spec.preflight.policy: Enforce)"),
+        );
+    }
+    blocked
 }
 
 /// `allocatable/nvidia.com/gpu` -> `Allocatable`, `podsReady` -> `PodsReady`: condition reasons are CamelCase words.

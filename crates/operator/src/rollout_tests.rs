@@ -156,6 +156,7 @@ impl Model {
             retry: self.retry.as_deref(),
             approve: self.approve.as_deref(),
             abort: self.abort.as_deref(),
+            preflight: None,
             daemonset: Some(&self.ds),
             spec_template_hash: self.spec_hash.as_deref(),
             spec_template_in_place: self.spec_hash.as_ref().map(|h| format!("spec-{h}"))

@@ -396,13 +396,21 @@ async fn set_template_image(env: &Env, image: &str) -> anyhow::Result<()> {
 }
 
 async fn wait_settled_healthy(env: &Env, image: &str) -> anyhow::Result<SafeRolloutStatus> {
+    wait_settled_healthy_on(env, image, 4).await
+}
+
+async fn wait_settled_healthy_on(
+    env: &Env,
+    image: &str,
+    nodes: usize,
+) -> anyhow::Result<SafeRolloutStatus> {
     let st = wait_status(env, TIMEOUT, |st| {
         st.phase == Some(Phase::Succeeded)
             && condition(st, "Ready").is_some_and(|c| c.status == "True")
     })
     .await?;
     wait_all_pods(env, |ps| {
-        ps.len() == 4 && ps.iter().all(|p| image_of(p) == image && pod_ready(p))
+        ps.len() == nodes && ps.iter().all(|p| image_of(p) == image && pod_ready(p))
     })
     .await?;
     Ok(st)
@@ -806,5 +814,114 @@ async fn a_human_edit_of_the_daemonset_pauses_and_overwrites_nothing() -> anyhow
         pods.items.iter().all(|p| image_of(p) == v1),
         "no pod may be replaced"
     );
+    Ok(())
+}
+
+/// Removes a taint when dropped, so a failing test leaves the shared nodes clean.
+struct TaintGuard(&'static str);
+
+impl Drop for TaintGuard {
+    fn drop(&mut self) {
+        let _ = cluster().kubectl(&["taint", "node", self.0, "gpu-maintenance-"]);
+    }
+}
+
+#[tokio::test]
+async fn preflight_enforce_blocks_a_literal_secret_and_names_uncovered_nodes() -> anyhow::Result<()>
+{
+    let env = setup("preflight").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    // A node the DaemonSet will not cover: tainted before the agent is installed.
+    cluster().kubectl(&[
+        "taint",
+        "node",
+        "sim-gpu-3",
+        "gpu-maintenance=true:NoSchedule",
+    ])?;
+    let _untaint = TaintGuard("sim-gpu-3");
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": agent_template(&env, v1)}
+    }))?;
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    wait_all_pods(&env, |ps| ps.len() == 3 && ps.iter().all(|p| pod_ready(p))).await?;
+
+    let mut spec = default_spec(&env, v1);
+    spec["preflight"] = json!({"policy": "Enforce"});
+    spec["gates"]["allocatable"][0]["max"] = json!("capacityLabel:example.com/gpu.count");
+    create_rollout(&env, spec).await?;
+    wait_settled_healthy_on(&env, v1, 3).await?;
+
+    // The new template writes a licence key literally.
+    let secret_value = "nvapi-0123456789-do-not-leak";
+    let mut template = agent_template(&env, v2);
+    template["spec"]["containers"][0]["env"] =
+        json!([{"name": "NGC_API_KEY", "value": secret_value}]);
+    let patch = json!({"spec": {"template": template}});
+    srs(&env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        condition(st, "PreflightPassed").is_some_and(|c| c.status == "False")
+            && st.phase == Some(Phase::Failed)
+    })
+    .await?;
+    let preflight = st.preflight.clone().expect("preflight results in status");
+    let codes: Vec<&str> = preflight.findings.iter().map(|f| f.code.as_str()).collect();
+    assert!(
+        codes.contains(&"SR101"),
+        "literal secret reported: {codes:?}"
+    );
+    let secret = preflight
+        .findings
+        .iter()
+        .find(|f| f.code == "SR101")
+        .unwrap();
+    assert!(secret.message.contains("NGC_API_KEY"), "{}", secret.message);
+    let uncovered = preflight
+        .findings
+        .iter()
+        .find(|f| f.code == "SR402")
+        .expect("uncovered node reported");
+    assert!(
+        uncovered.message.contains("sim-gpu-3")
+            && uncovered
+                .message
+                .contains("gpu-maintenance=true:NoSchedule")
+    );
+    assert!(condition(&st, "Ready").unwrap().message.contains("SR101"));
+    // Blocked: no pod replaced, and the secret's value is nowhere in status or events.
+    let pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns.name)
+        .list(&Default::default())
+        .await?;
+    assert!(pods.items.iter().all(|p| image_of(p) == v1));
+    assert!(!serde_json::to_string(&st)?.contains(secret_value));
+    let events =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.ns.name)
+            .list(&Default::default())
+            .await?;
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("PreflightFailed"))
+    );
+    assert!(!serde_json::to_string(&events.items)?.contains(secret_value));
+
+    // Warn: the same findings no longer block.
+    let patch = json!({"spec": {"preflight": {"policy": "Warn"}}});
+    srs(&env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision == st.target_revision
+    })
+    .await?;
+    wait_all_pods(&env, |ps| {
+        ps.len() == 3 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
     Ok(())
 }

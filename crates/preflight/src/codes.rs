@@ -84,6 +84,11 @@ pub const PSA_VOLUME_TYPES: &str = "SR215";
 pub const SKIPPED: &str = "SR301";
 /// A DaemonSet whose `apiVersion` is not `apps/v1` (no longer served).
 pub const DAEMONSET_API_VERSION: &str = "SR302";
+/// Cluster checks (operator preflight only): the DaemonSet is not healthy
+/// (DESIRED == CURRENT == READY == AVAILABLE fails) before the rollout.
+pub const DAEMONSET_UNHEALTHY: &str = "SR401";
+/// A node carries the gated device but runs no agent pod (untolerated taints, selector).
+pub const NODE_UNCOVERED: &str = "SR402";
 
 /// One code with the severity it is reported at and a one-line summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +267,16 @@ pub const ALL: &[CodeInfo] = &[
         DAEMONSET_API_VERSION,
         Severity::Error,
         "DaemonSet apiVersion is not apps/v1",
+    ),
+    info(
+        DAEMONSET_UNHEALTHY,
+        Severity::Error,
+        "the DaemonSet is not healthy before the rollout",
+    ),
+    info(
+        NODE_UNCOVERED,
+        Severity::Warning,
+        "a node with the device runs no agent pod",
     ),
 ];
 

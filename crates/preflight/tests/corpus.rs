@@ -5,14 +5,17 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use saferollout_preflight::rules::is_secret_like_name;
 use saferollout_preflight::{Finding, LintErrorKind, PsaLevel, Severity, codes, lint_documents};
 use serde_json::Value;
 
 fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/lint-corpus")
+    std::path::PathBuf::from(
+        std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("../../tests/lint-corpus")
 }
 
 /// What a file's leading comment lines say.

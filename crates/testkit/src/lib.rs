@@ -29,12 +29,20 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Config, Resource};
 use serde::de::DeserializeOwned;
 
-/// The repository root (this crate lives in `crates/testkit`).
+/// The repository root, found at run time from the test's package directory
+/// (cargo sets `CARGO_MANIFEST_DIR` for test processes) or the working
+/// directory. Not `env!`: a build cache shared between checkouts would bake in
+/// another checkout's path.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repo root")
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok())
+        .expect("a package directory or a working directory");
+    start
+        .ancestors()
+        .find(|p| p.join("tests/cluster/up").is_file())
+        .unwrap_or_else(|| panic!("no saferollout checkout above {}", start.display()))
+        .to_path_buf()
 }
 
 /// A running test cluster.

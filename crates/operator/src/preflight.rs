@@ -1,0 +1,322 @@
+//! Preflight: the guides' checklists, run before the first stage of each new
+//! revision. The template rules come from `saferollout-preflight` (shared with
+//! `kubectl saferollout lint`); this module adds what needs the cluster: the
+//! DaemonSet's health, nodes that carry the device but no agent (and why), the
+//! namespace's Pod Security level.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Taint, Toleration};
+use saferollout_api::{PreflightFinding, PreflightStatus};
+use saferollout_preflight::{
+    Finding, PsaLevel, Severity, codes, daemonset_object, detect_kind, lint_pod_template,
+};
+
+use crate::gates::AgentPod;
+
+/// The most findings kept in status (the count is always complete).
+pub const MAX_FINDINGS: usize = 20;
+
+/// A node as preflight needs it.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFacts {
+    pub name: String,
+    /// Extended resources in capacity (e.g. `nvidia.com/gpu`).
+    pub capacity: BTreeMap<String, i64>,
+    pub taints: Vec<Taint>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Does one toleration tolerate the taint (the scheduler's rule)?
+fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
+    }
+    match t.operator.as_deref() {
+        Some("Exists") => t
+            .key
+            .as_deref()
+            .is_none_or(|k| k.is_empty() || k == taint.key),
+        _ => {
+            t.key.as_deref() == Some(taint.key.as_str())
+                && t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+    }
+}
+
+/// Taints of `node` that the pod template does not tolerate and that keep pods off it.
+pub fn untolerated<'a>(node: &'a NodeFacts, tolerations: &[Toleration]) -> Vec<&'a Taint> {
+    node.taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        .collect()
+}
+
+/// Runs every check for `revision`.
+pub fn check(
+    revision: &str,
+    ds: &DaemonSet,
+    pods: &BTreeMap<String, Vec<AgentPod>>,
+    nodes: &[NodeFacts],
+    gated_resources: &[String],
+    device_labels: &[String],
+    psa: Option<PsaLevel>,
+) -> PreflightStatus {
+    let object = daemonset_object(ds);
+    let mut findings = lint_pod_template(&object, &ds.spec.template, detect_kind(ds), psa);
+
+    // DESIRED == CURRENT == READY == AVAILABLE before anything changes.
+    if let Some(st) = &ds.status {
+        let available = st.number_available.unwrap_or(0);
+        let healthy = st.desired_number_scheduled == st.current_number_scheduled
+            && st.current_number_scheduled == st.number_ready
+            && st.number_ready == available;
+        if !healthy {
+            findings.push(Finding::error(
+                codes::DAEMONSET_UNHEALTHY,
+                &object,
+                format!(
+                    "the DaemonSet is not healthy before the rollout: desired {}, current {}, ready {}, available {}",
+                    st.desired_number_scheduled, st.current_number_scheduled, st.number_ready, available
+                ),
+                "fix the running release first (or set spec.preflight.policy: Warn to roll anyway)",
+            ));
+        }
+    }
+
+    // Nodes with the device but no agent: the DESIRED > CURRENT trap.
+    let tolerations = ds
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    for node in nodes {
+        // A node has the device when it advertises it, or when a trusted
+        // discovery label (a gate's capacityLabel) says it has some.
+        let has_device = gated_resources
+            .iter()
+            .any(|r| node.capacity.get(r).is_some_and(|c| *c > 0))
+            || device_labels.iter().any(|l| {
+                node.labels
+                    .get(l)
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|n| n > 0)
+            });
+        let has_agent = pods
+            .get(&node.name)
+            .is_some_and(|ps| ps.iter().any(|p| !p.deleting));
+        if !has_device || has_agent {
+            continue;
+        }
+        let blocking = untolerated(node, &tolerations);
+        let why = if blocking.is_empty() {
+            "its nodeSelector or affinity does not match the node".to_string()
+        } else {
+            let list: Vec<String> = blocking
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}={}:{}",
+                        t.key,
+                        t.value.as_deref().unwrap_or(""),
+                        t.effect
+                    )
+                })
+                .collect();
+            format!(
+                "the node has taints the DaemonSet does not tolerate: {}",
+                list.join(", ")
+            )
+        };
+        findings.push(Finding::warning(
+            codes::NODE_UNCOVERED,
+            format!("Node {}", node.name),
+            format!("node {} has the device but no agent pod: {why}", node.name),
+            "add a matching toleration (or fix the selector) so every device node runs the agent",
+        ));
+    }
+    summarize(revision, findings)
+}
+
+/// Errors first, then warnings, then the rest; capped.
+fn summarize(revision: &str, mut findings: Vec<Finding>) -> PreflightStatus {
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let count = |s: Severity| findings.iter().filter(|f| f.severity == s).count() as i32;
+    let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
+    PreflightStatus {
+        revision: revision.to_string(),
+        passed: errors == 0,
+        errors,
+        warnings,
+        findings: findings
+            .into_iter()
+            .take(MAX_FINDINGS)
+            .map(|f| PreflightFinding {
+                severity: format!("{:?}", f.severity),
+                code: f.code.to_string(),
+                object: f.object,
+                message: f.message,
+                fix: f.fix,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ds(template_spec: serde_json::Value, status: serde_json::Value) -> DaemonSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": "plugin", "namespace": "gpu"},
+            "spec": {"selector": {}, "template": {"spec": template_spec}},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    fn healthy_status() -> serde_json::Value {
+        json!({"desiredNumberScheduled": 2, "currentNumberScheduled": 2, "numberReady": 2, "numberAvailable": 2, "numberMisscheduled": 0})
+    }
+
+    fn node(name: &str, gpus: i64, taints: serde_json::Value) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            capacity: BTreeMap::from([("example.com/gpu".to_string(), gpus)]),
+            taints: serde_json::from_value(taints).unwrap(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    fn codes(p: &PreflightStatus) -> Vec<&str> {
+        p.findings.iter().map(|f| f.code.as_str()).collect()
+    }
+
+    #[test]
+    fn an_unhealthy_daemonset_is_an_error() {
+        let d = ds(
+            json!({"containers": [{"name": "c", "image": "x"}]}),
+            json!({"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2, "numberMisscheduled": 0}),
+        );
+        let p = check("r", &d, &BTreeMap::new(), &[], &[], &[], None);
+        assert!(!p.passed);
+        assert!(codes(&p).contains(&"SR401"));
+    }
+
+    #[test]
+    fn a_device_node_without_agent_names_the_untolerated_taint() {
+        let d = ds(
+            json!({"containers": [{"name": "c", "image": "x"}], "tolerations": [{"key": "ok", "operator": "Exists"}]}),
+            healthy_status(),
+        );
+        let nodes = [
+            node(
+                "tainted",
+                8,
+                json!([{"key": "gpu-maintenance", "value": "true", "effect": "NoSchedule"}, {"key": "ok", "effect": "NoSchedule"}]),
+            ),
+            node("covered", 8, json!([])),
+            node("cpu-only", 0, json!([])),
+        ];
+        let mut pods = BTreeMap::new();
+        pods.insert(
+            "covered".to_string(),
+            vec![AgentPod {
+                node: "covered".into(),
+                ..Default::default()
+            }],
+        );
+        let p = check(
+            "r",
+            &d,
+            &pods,
+            &nodes,
+            &["example.com/gpu".to_string()],
+            &[],
+            None,
+        );
+        let uncovered: Vec<_> = p.findings.iter().filter(|f| f.code == "SR402").collect();
+        assert_eq!(uncovered.len(), 1, "{p:#?}");
+        assert!(
+            uncovered[0]
+                .message
+                .contains("gpu-maintenance=true:NoSchedule"),
+            "{}",
+            uncovered[0].message
+        );
+        assert!(
+            !uncovered[0].message.contains("ok="),
+            "a tolerated taint is not blamed"
+        );
+    }
+
+    #[test]
+    fn template_rules_and_psa_apply() {
+        let d = ds(
+            json!({"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": true},
+                   "env": [{"name": "NGC_API_KEY", "value": "s3cr3t"}]}]}),
+            healthy_status(),
+        );
+        let p = check(
+            "r",
+            &d,
+            &BTreeMap::new(),
+            &[],
+            &[],
+            &[],
+            Some(PsaLevel::Restricted),
+        );
+        assert!(codes(&p).contains(&"SR101"), "{p:#?}");
+        assert!(codes(&p).contains(&"SR201"), "{p:#?}");
+        assert!(
+            !serde_json::to_string(&p).unwrap().contains("s3cr3t"),
+            "never the secret's value"
+        );
+        assert_eq!(p.findings[0].severity, "Error", "errors first");
+    }
+
+    #[test]
+    fn findings_are_capped_but_counted() {
+        let findings: Vec<Finding> = (0..30)
+            .map(|i| Finding::warning(codes::NODE_UNCOVERED, format!("Node n{i}"), "m", "f"))
+            .collect();
+        let p = summarize("r", findings);
+        assert_eq!(p.findings.len(), MAX_FINDINGS);
+        assert_eq!(p.warnings, 30);
+        assert!(p.passed);
+    }
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn a_discovery_label_marks_a_device_node() {
+        let d: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "n"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}
+        }))
+        .unwrap();
+        let node = NodeFacts {
+            name: "new-node".into(),
+            labels: BTreeMap::from([("nvidia.com/gpu.count".to_string(), "8".to_string())]),
+            ..Default::default()
+        };
+        let labels = ["nvidia.com/gpu.count".to_string()];
+        let p = check("r", &d, &BTreeMap::new(), &[node], &[], &labels, None);
+        assert!(
+            p.findings
+                .iter()
+                .any(|f| f.code == "SR402" && f.message.contains("new-node")),
+            "{p:#?}"
+        );
+    }
+}
