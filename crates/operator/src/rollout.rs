@@ -817,10 +817,13 @@ fn roll(
         stage.state = StageState::Soaking;
         return Some(soak - soaked);
     }
-    if stage_spec.pause && o.approve != Some(index.to_string().as_str()) {
+    // An approval names the revision and the stage, so one left on the object
+    // never approves a later rollout.
+    let approval = approval_value(target, index);
+    if stage_spec.pause && o.approve != Some(approval.as_str()) {
         stage.state = StageState::Paused;
         let msg = format!(
-            "stage {} passed; waiting for approval (annotate saferollout.dev/approve={index})",
+            "stage {} passed; waiting for approval (kubectl saferollout approve, or annotate saferollout.dev/approve={approval})",
             index + 1
         );
         st.phase = Some(Phase::Paused);
@@ -874,6 +877,11 @@ fn roll(
     conditions::set(cs, DEGRADED, false, "Healthy", "", o.generation, now);
     event(actions, false, "RolloutSucceeded", msg);
     None
+}
+
+/// The `saferollout.dev/approve` value that approves stage `index` of `revision`.
+pub fn approval_value(revision: &str, index: usize) -> String {
+    format!("{revision}:{index}")
 }
 
 /// Records preflight results for `target`; true when they block the rollout

@@ -500,6 +500,13 @@ fn a_pausing_stage_waits_for_approval() {
         1
     );
     m.approve = Some("0".into());
+    m.run(20);
+    assert_eq!(
+        m.status.phase,
+        Some(Phase::Paused),
+        "a bare index approves nothing"
+    );
+    m.approve = Some(approval_value("v2", 0));
     m.run(200);
     assert!(m.all_on("v2"));
 }

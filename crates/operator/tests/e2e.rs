@@ -925,3 +925,176 @@ async fn preflight_enforce_blocks_a_literal_secret_and_names_uncovered_nodes() -
     .await?;
     Ok(())
 }
+
+/// Runs `kubectl-saferollout` (built beside the operator) against the test cluster.
+fn plugin(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_saferollout-operator"))
+        .with_file_name("kubectl-saferollout");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not built (cargo build -p saferollout-cli)",
+        bin.display()
+    );
+    let out = Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(cluster().kubeconfig())
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+fn stage_nodes(plan: &serde_json::Value, i: usize) -> Vec<String> {
+    serde_json::from_value(plan["stages"][i]["nodes"].clone()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Result<()> {
+    let env = setup("plugin").await?;
+    let ns = env.ns.name.clone();
+    let (v1, v2, v3) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2",
+        "registry.example/plugin:v3",
+    );
+    create_plugin_daemonset(&env, v1).await?;
+    // A DRA driver too, so the inventory has slices to list.
+    let driver: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "driver"},
+        "spec": {"selector": {"matchLabels": {"app": "driver"}}, "template": {
+            "metadata": {"labels": {"app": "driver", "sim.saferollout.dev/agent": "dra-driver"}},
+            "spec": {"containers": [{"name": "driver", "image": "registry.example/dra-driver:v1"}]}}}
+    }))?;
+    Api::<DaemonSet>::namespaced(env.client.clone(), &ns)
+        .create(&PostParams::default(), &driver)
+        .await?;
+    wait_for_all(
+        &Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        |ss| ss.len() == 4,
+    )
+    .await?;
+    let mut spec = default_spec(&env, v1);
+    spec["stages"] = json!([{"nodes": 1, "pause": true}, {"nodes": "50%"}, {"nodes": "100%"}]);
+    create_rollout(&env, spec).await?;
+    wait_settled_healthy(&env, v1).await?;
+
+    // inventory: versions, the simulated GPUs per node, the slices.
+    let (code, out, err) = plugin(&["inventory", "-n", &ns, "-o", "json"])?;
+    assert_eq!(code, 0, "{err}");
+    let inv: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(inv["server"]["gitVersion"], "v1.37.2");
+    let nodes = inv["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 4);
+    for n in nodes {
+        assert_eq!(n["extendedResources"][&env.resource], "8", "{n}");
+        assert!(
+            n["agentPods"].as_array().is_some_and(|p| p.len() == 2),
+            "plugin and driver pods: {n}"
+        );
+    }
+    let slices = inv["dra"]["resourceSlices"].as_array().expect("slices");
+    assert_eq!(slices.len(), 4, "{slices:?}");
+    assert!(
+        slices
+            .iter()
+            .all(|s| s["driver"] == "gpu.sim.saferollout.dev" && s["devices"] == 8)
+    );
+
+    // plan, then the rollout does exactly that.
+    let (code, out, err) = plugin(&["plan", "plugin", "-n", &ns, "-o", "json"])?;
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out)?;
+    set_template_image(&env, v2).await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Paused) && st.target_revision.is_some()
+    })
+    .await?;
+    assert_eq!(st.stages[0].nodes, stage_nodes(&plan, 0));
+    let (_, out, _) = plugin(&["status", "plugin", "-n", &ns])?;
+    assert!(out.contains("Paused") && out.contains("approve"), "{out}");
+    let (code, out, err) = plugin(&["approve", "plugin", "-n", &ns])?;
+    assert_eq!(code, 0, "{out}{err}");
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision == st.target_revision
+    })
+    .await?;
+    for i in 0..3 {
+        assert_eq!(st.stages[i].nodes, stage_nodes(&plan, i), "stage {i}");
+    }
+    // approve when nothing waits is refused, with a reason.
+    let (code, _, err) = plugin(&["approve", "plugin", "-n", &ns])?;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: "), "{err}");
+
+    // pause / resume flip spec.paused.
+    assert_eq!(plugin(&["pause", "plugin", "-n", &ns])?.0, 0);
+    assert!(srs(&env).get("plugin").await?.spec.paused);
+    assert_eq!(plugin(&["resume", "plugin", "-n", &ns])?.0, 0);
+    assert!(!srs(&env).get("plugin").await?.spec.paused);
+
+    // abort reverts at once and blocks; retry unblocks.
+    set_template_image(&env, v3).await?;
+    let paused = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Paused) && st.stages.len() == 1
+    })
+    .await?;
+    let (code, out, err) = plugin(&["abort", "plugin", "-n", &ns])?;
+    assert_eq!(code, 0, "{out}{err}");
+    let st = wait_status(&env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
+    assert_eq!(st.blocked_revisions[0].reason, "Aborted");
+    assert_eq!(
+        Some(&st.blocked_revisions[0].revision),
+        paused.target_revision.as_ref()
+    );
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
+    let (code, out, err) = plugin(&["retry", "plugin", "-n", &ns])?;
+    assert_eq!(code, 0, "{out}{err}");
+    wait_status(&env, TIMEOUT, |st| st.blocked_revisions.is_empty()).await?;
+
+    // A missing object is one clear line and a non-zero exit.
+    let (code, _, err) = plugin(&["status", "no-such-rollout", "-n", &ns])?;
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("not found"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn kubectl_plugin_lint_exits_non_zero_on_errors() -> anyhow::Result<()> {
+    let corpus = repo_root().join("tests/lint-corpus");
+    let mut good = 0;
+    let mut bad = 0;
+    for entry in std::fs::read_dir(&corpus)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        // The corpus names the namespace's Pod Security level in a `# psa:` header.
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let psa = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# psa:"))
+            .map(str::trim);
+        let file = path.to_string_lossy().to_string();
+        let mut args = vec!["lint", "-f", file.as_str()];
+        if let Some(level) = psa {
+            args.extend(["--psa-level", level]);
+        }
+        let code = plugin(&args)?.0;
+        if name.starts_with("good-") {
+            assert_eq!(code, 0, "{name}");
+            good += 1;
+        } else if name.starts_with("bad-") {
+            assert_eq!(code, 1, "{name}");
+            bad += 1;
+        }
+    }
+    assert!(good >= 4 && bad >= 4, "corpus: {good} good, {bad} bad");
+    Ok(())
+}

@@ -178,14 +178,13 @@ pub async fn approve(kube: &Kube, name: &str) -> Result<u8, CliError> {
     let index =
         approve_index(&st).map_err(|e| CliError::failed(format!("SafeRollout {what}: {e}")))?;
     let total = sr.spec.effective_stages().len();
-    patch(
-        kube,
-        name,
-        annotation_patch(APPROVE_ANNOTATION, &index.to_string()),
-    )
-    .await?;
+    // The operator accepts only `<target revision>:<stage>`, so an approval
+    // left on the object never approves a later rollout.
+    let target = st.target_revision.clone().unwrap_or_default();
+    let value = saferollout_operator::rollout::approval_value(&target, index as usize);
+    patch(kube, name, annotation_patch(APPROVE_ANNOTATION, &value)).await?;
     emit(&format!(
-        "SafeRollout {what}: stage {}/{total} approved ({APPROVE_ANNOTATION}={index})\n",
+        "SafeRollout {what}: stage {}/{total} approved ({APPROVE_ANNOTATION}={value})\n",
         index + 1
     ));
     Ok(0)
