@@ -405,19 +405,14 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
             let mut st = status.clone();
             st.observed_generation = sr.metadata.generation;
             let msg = format!("spec.template is not a valid pod template: {e}");
-            st.phase = Some(Phase::Failed);
-            st.message = Some(msg.clone());
-            for t in [crate::conditions::READY, crate::conditions::PROGRESSING] {
-                crate::conditions::set(
-                    &mut st.conditions,
-                    t,
-                    false,
-                    "InvalidTemplate",
-                    msg.clone(),
-                    sr.metadata.generation,
-                    now,
-                );
-            }
+            rollout::set_stalled(
+                &mut st,
+                Phase::Failed,
+                "InvalidTemplate",
+                msg,
+                sr.metadata.generation,
+                now,
+            );
             write_status(sr, ctx, &status, &st).await?;
             return Ok(Requeue::await_change());
         }
@@ -503,19 +498,14 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
             "the API server rejected spec.template for DaemonSet {}: {msg}",
             sr.spec.target_ref.name
         );
-        st.phase = Some(Phase::Failed);
-        st.message = Some(msg.clone());
-        for t in [crate::conditions::READY, crate::conditions::PROGRESSING] {
-            crate::conditions::set(
-                &mut st.conditions,
-                t,
-                false,
-                "InvalidTemplate",
-                msg.clone(),
-                sr.metadata.generation,
-                now,
-            );
-        }
+        rollout::set_stalled(
+            &mut st,
+            Phase::Failed,
+            "InvalidTemplate",
+            msg,
+            sr.metadata.generation,
+            now,
+        );
         write_status(sr, ctx, &new_status, &st).await?;
         return Ok(Requeue::await_change());
     }

@@ -123,19 +123,76 @@ pub struct Decision {
 
 /// Why nothing can proceed, as a condition reason and message.
 fn stalled(st: &mut SafeRolloutStatus, o: &Observed, phase: Phase, reason: &str, message: String) {
+    set_stalled(st, phase, reason, message, o.generation, o.now);
+}
+
+/// Nothing proceeds: `phase`, and Ready and Progressing False with `reason`.
+pub fn set_stalled(
+    st: &mut SafeRolloutStatus,
+    phase: Phase,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     st.phase = Some(phase);
     st.message = Some(message.clone());
-    let cs = &mut st.conditions;
     conditions::set(
-        cs,
+        &mut st.conditions,
         READY,
         false,
         reason,
         message.clone(),
-        o.generation,
-        o.now,
+        generation,
+        now,
     );
-    conditions::set(cs, PROGRESSING, false, reason, message, o.generation, o.now);
+    conditions::set(
+        &mut st.conditions,
+        PROGRESSING,
+        false,
+        reason,
+        message,
+        generation,
+        now,
+    );
+}
+
+/// Every node runs `stable`, the rollout is done: Ready, idle, not degraded.
+fn set_succeeded(
+    st: &mut SafeRolloutStatus,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    st.phase = Some(Phase::Succeeded);
+    st.message = Some(message.clone());
+    conditions::set(
+        &mut st.conditions,
+        READY,
+        true,
+        "Succeeded",
+        message.clone(),
+        generation,
+        now,
+    );
+    conditions::set(
+        &mut st.conditions,
+        PROGRESSING,
+        false,
+        "Idle",
+        message,
+        generation,
+        now,
+    );
+    conditions::set(
+        &mut st.conditions,
+        DEGRADED,
+        false,
+        "Healthy",
+        "",
+        generation,
+        now,
+    );
 }
 
 fn event(actions: &mut Vec<Action>, warning: bool, reason: &str, message: impl Into<String>) {
@@ -489,20 +546,12 @@ fn settle(
         conditions::set(cs, READY, false, "RolledBack", msg, o.generation, now);
         // Degraded stays True (set when the gate failed) until a new revision or a retry.
     } else {
-        let msg = format!("every node runs revision {stable}");
-        st.phase = Some(Phase::Succeeded);
-        st.message = Some(msg.clone());
-        conditions::set(
-            cs,
-            PROGRESSING,
-            false,
-            "Idle",
-            msg.clone(),
+        set_succeeded(
+            st,
+            format!("every node runs revision {stable}"),
             o.generation,
             now,
         );
-        conditions::set(cs, READY, true, "Succeeded", msg, o.generation, now);
-        conditions::set(cs, DEGRADED, false, "Healthy", "", o.generation, now);
     }
     None
 }
@@ -862,19 +911,7 @@ fn roll(
         actions.push(Action::UnlabelNodes { nodes: labelled });
     }
     let msg = format!("revision {target} rolled out to every node");
-    st.phase = Some(Phase::Succeeded);
-    st.message = Some(msg.clone());
-    conditions::set(cs, READY, true, "Succeeded", msg.clone(), o.generation, now);
-    conditions::set(
-        cs,
-        PROGRESSING,
-        false,
-        "Idle",
-        msg.clone(),
-        o.generation,
-        now,
-    );
-    conditions::set(cs, DEGRADED, false, "Healthy", "", o.generation, now);
+    set_succeeded(st, msg.clone(), o.generation, now);
     event(actions, false, "RolloutSucceeded", msg);
     None
 }
