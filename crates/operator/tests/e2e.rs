@@ -1098,3 +1098,50 @@ fn kubectl_plugin_lint_exits_non_zero_on_errors() -> anyhow::Result<()> {
     assert!(good >= 4 && bad >= 4, "corpus: {good} good, {bad} bad");
     Ok(())
 }
+
+#[tokio::test]
+async fn preflight_reports_a_privileged_agent_in_a_restricted_namespace() -> anyhow::Result<()> {
+    let env = setup("restricted").await?;
+    let v1 = "registry.example/plugin:v1";
+    create_plugin_daemonset(&env, v1).await?;
+    create_rollout(&env, default_spec(&env, v1)).await?;
+    wait_settled_healthy(&env, v1).await?;
+    // The namespace turns `restricted`; the next release wants a privileged agent.
+    cluster().kubectl(&[
+        "label",
+        "namespace",
+        &env.ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])?;
+    let mut template = agent_template(&env, "registry.example/plugin:v2");
+    template["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+    let patch = json!({"spec": {"template": template, "preflight": {"policy": "Enforce"}}});
+    srs(&env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.preflight.as_ref().is_some_and(|p| !p.passed) && st.phase == Some(Phase::Failed)
+    })
+    .await?;
+    let findings = &st.preflight.as_ref().unwrap().findings;
+    let privileged = findings
+        .iter()
+        .find(|f| f.code == "SR201")
+        .expect("privileged container reported");
+    assert!(
+        privileged.message.contains("privileged"),
+        "{}",
+        privileged.message
+    );
+    assert!(
+        privileged.message.contains("restricted"),
+        "names the namespace's level: {}",
+        privileged.message
+    );
+    // Nothing was replaced: the old agents keep running.
+    let pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns.name)
+        .list(&Default::default())
+        .await?;
+    assert!(pods.items.iter().all(|p| image_of(p) == v1 && pod_ready(p)));
+    Ok(())
+}
