@@ -405,16 +405,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
             let mut st = status.clone();
             st.observed_generation = sr.metadata.generation;
             let msg = format!("spec.template is not a valid pod template: {e}");
-            rollout::set_stalled(
-                &mut st,
-                Phase::Failed,
-                "InvalidTemplate",
-                msg,
-                sr.metadata.generation,
-                now,
-            );
-            write_status(sr, ctx, &status, &st).await?;
-            return Ok(Requeue::await_change());
+            return report_invalid_template(sr, ctx, &status, st, msg, now).await;
         }
     };
     let spec_hash = spec_template.as_ref().map(template_hash);
@@ -493,21 +484,11 @@ async fn apply(sr: &SafeRollout, ctx: &Context) -> Result<Requeue> {
         }
     }
     if let Some(msg) = template_error {
-        let mut st = new_status.clone();
         let msg = format!(
             "the API server rejected spec.template for DaemonSet {}: {msg}",
             sr.spec.target_ref.name
         );
-        rollout::set_stalled(
-            &mut st,
-            Phase::Failed,
-            "InvalidTemplate",
-            msg,
-            sr.metadata.generation,
-            now,
-        );
-        write_status(sr, ctx, &new_status, &st).await?;
-        return Ok(Requeue::await_change());
+        return report_invalid_template(sr, ctx, &new_status, new_status.clone(), msg, now).await;
     }
     Ok(match decision.requeue_after {
         Some(d) => Requeue::requeue(d),
@@ -572,6 +553,28 @@ fn record_metrics(
     {
         m.rollouts_succeeded.get_or_create(&labels).inc();
     }
+}
+
+/// An unusable spec.template is a condition, not a retry loop: record it and
+/// wait for the spec to change.
+async fn report_invalid_template(
+    sr: &SafeRollout,
+    ctx: &Context,
+    written: &SafeRolloutStatus,
+    mut st: SafeRolloutStatus,
+    message: String,
+    now: Timestamp,
+) -> Result<Requeue> {
+    rollout::set_stalled(
+        &mut st,
+        Phase::Failed,
+        "InvalidTemplate",
+        message,
+        sr.metadata.generation,
+        now,
+    );
+    write_status(sr, ctx, written, &st).await?;
+    Ok(Requeue::await_change())
 }
 
 fn gated_resources(sr: &SafeRollout) -> Vec<String> {

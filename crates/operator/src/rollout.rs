@@ -421,7 +421,7 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         }
     }
     if current == stable {
-        return settle(o, st, actions, current, &stable, ds);
+        return settle(o, st, actions, &stable);
     }
     if is_blocked(st, current) {
         // A blocked revision is on the DaemonSet: written again by a person or
@@ -463,20 +463,13 @@ fn settle(
     o: &Observed,
     st: &mut SafeRolloutStatus,
     actions: &mut Vec<Action>,
-    current: &str,
     stable: &str,
-    _ds: &DaemonSetView,
 ) -> Option<Duration> {
     let now = o.now;
     let reverted = st
         .target_revision
         .as_deref()
         .is_some_and(|t| t != stable && is_blocked(st, t));
-    if current != stable {
-        // Blocked spec.template: the DaemonSet holds a template we did not roll out; restore.
-        restore_last_good(o, st, actions);
-        return None;
-    }
     let off = pods_not_on(o.pods, stable);
     if !off.is_empty() {
         // Every node that got a bad or abandoned revision is replaced at once:
