@@ -20,6 +20,21 @@ pub const CRD_NAME: &str = "saferollouts.saferollout.dev";
 /// value is the revision hash (a DaemonSet `controller-revision-hash`) to unblock.
 pub const RETRY_ANNOTATION: &str = "saferollout.dev/retry";
 
+/// Annotation a person sets on a SafeRollout to approve a stage that waits
+/// (`pause: true`). The value is `<target revision>:<stage index>`, so an
+/// approval left on the object never approves a later rollout.
+pub const APPROVE_ANNOTATION: &str = "saferollout.dev/approve";
+/// Annotation a person sets on a SafeRollout to revert a rollout now and block
+/// its revision. The value is the target revision.
+pub const ABORT_ANNOTATION: &str = "saferollout.dev/abort";
+/// Label on the last-good backup ControllerRevision: the DaemonSet revision it holds.
+pub const BACKUP_REVISION_LABEL: &str = "saferollout.dev/revision";
+/// The label the DaemonSet controller puts on its ControllerRevisions and pods:
+/// the hash naming a template revision.
+pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+/// The well-known zone label stages spread across.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 /// Label the operator puts on a node taken by a stage; the value is the stage
 /// index (0-based, as a decimal string). Alert rules and probe pods select on it.
 pub const STAGE_LABEL: &str = "saferollout.dev/stage";
@@ -42,6 +57,15 @@ pub const CONDITION_READY: &str = "Ready";
 pub const CONDITION_PROGRESSING: &str = "Progressing";
 /// Condition type: a gate failed, a revision was reverted or the rollout is stuck.
 pub const CONDITION_DEGRADED: &str = "Degraded";
+
+/// Condition type (kstatus): the operator is still working towards the desired
+/// state (taking over, rolling out, reverting, or waiting at a pause).
+pub const CONDITION_RECONCILING: &str = "Reconciling";
+/// Condition type (kstatus): progress stopped and needs a person or a new spec
+/// (a reverted revision, a failed preflight, a conflict, a stuck node).
+pub const CONDITION_STALLED: &str = "Stalled";
+/// Condition type: the preflight checks of the target revision found no error.
+pub const CONDITION_PREFLIGHT_PASSED: &str = "PreflightPassed";
 
 /// Gate name of the always-on pods-ready gate, as written in `GateResult.gate`.
 pub const GATE_PODS_READY: &str = "podsReady";

@@ -5,6 +5,7 @@
 //! - [`consts`]: labels, annotations, condition types, field manager.
 //! - [`parse_duration`], [`DurationString`]: durations such as `1h30m`.
 //! - [`resolve_count`], [`parse_bound`]: int-or-string helpers.
+//! - [`quantity_count`]: a Kubernetes quantity (`8`, `8k`, `2Ki`) as a whole count.
 //! - [`SafeRolloutSpec::validate`]: the schema's checks, client-side (for linting).
 //! - [`crd_yaml`]: the CRD manifest (also `cargo run -p saferollout-api --bin crdgen`).
 //!
@@ -14,6 +15,7 @@
 pub mod consts;
 pub mod duration;
 pub mod intstr;
+pub mod quantity;
 pub mod schema;
 pub mod spec;
 pub mod status;
@@ -22,13 +24,14 @@ pub mod validate;
 pub use consts::*;
 pub use duration::{DurationError, DurationString, format_duration, parse_duration};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
+pub use quantity::{count_of, quantity_count};
 pub use spec::{
     AllocatableGate, Canary, Gates, PodsReadyGate, Preflight, PreflightPolicy, SafeRollout,
     SafeRolloutSpec, Stage, TargetRef, default_stages,
 };
 pub use status::{
-    BlockedRevision, GateResult, GateStatus, LastGoodTemplate, Phase, PreflightFinding,
-    PreflightStatus, SafeRolloutStatus, StageState, StageStatus,
+    AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, NodeNote, Phase,
+    PreflightFinding, PreflightStatus, Progress, SafeRolloutStatus, StageState, StageStatus,
 };
 pub use validate::FieldError;
 

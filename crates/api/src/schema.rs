@@ -215,6 +215,10 @@ pub(crate) fn list_map_by_index(schema: &mut Schema) {
     list_map(schema, &["index"]);
 }
 
+pub(crate) fn list_map_by_node(schema: &mut Schema) {
+    list_map(schema, &["node"]);
+}
+
 pub(crate) fn list_map_by_resource(schema: &mut Schema) {
     list_map(schema, &["resource"]);
 }

@@ -70,14 +70,22 @@ pub struct SafeRolloutSpec {
     #[schemars(length(min = 1, max = 10))]
     pub stages: Option<Vec<Stage>>,
 
-    /// How many agent pods of a stage are replaced at once: a count (at least
-    /// 1) or a percentage of the stage's nodes (rounded down, at least 1).
+    /// The disruption budget: at most this many of the rollout's agent pods
+    /// are missing or not Ready because of the operator at any moment (while
+    /// rolling out, reverting or abandoning a rollout): a count (at least 1)
+    /// or a percentage of the nodes the DaemonSet covers (rounded down, at
+    /// least 1), as the DaemonSet controller reads its own maxUnavailable.
+    /// The one exception: nodes whose agent itself failed a gate are reverted
+    /// at once.
     #[serde(default = "default_max_unavailable")]
     #[schemars(schema_with = "schema::max_unavailable")]
     pub max_unavailable: IntOrString,
 
-    /// How long one stage may take, from its start until its gates pass
-    /// (soak excluded). A stage that misses it fails and the rollout reverts.
+    /// How long a stage (or a revert) may go without progress: it counts from
+    /// the stage's start and starts again each time one more node is
+    /// replaced and judged. When it passes, every gate still pending fails
+    /// and the rollout reverts; a revert that stops converging names the
+    /// stuck nodes in its conditions.
     #[serde(default = "default_progress_deadline")]
     #[schemars(schema_with = "schema::progress_deadline")]
     pub progress_deadline: DurationString,

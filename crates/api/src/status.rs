@@ -25,6 +25,10 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
 
+    /// When `phase` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_transition_time: Option<Time>,
+
     /// Ready, Progressing and Degraded (kstatus-compatible).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::list_map_by_type)]
@@ -65,17 +69,32 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_update_strategy: Option<DaemonSetUpdateStrategy>,
 
-    /// The DaemonSet `metadata.generation` the operator's own last write
-    /// produced (or last accepted). A DaemonSet at another generation whose
-    /// template is neither the stable nor the target revision was edited by
-    /// someone else: with `spec.template` set, the rollout pauses.
+    /// The last progress of the rollout or revert under way: when it last
+    /// started a stage or got one more node replaced and judged (or, when
+    /// reverting, converged). The progress deadline counts from here ("no
+    /// progress for `progressDeadline`"), not from the stage start, so a large
+    /// stage replaced one node at a time is not reverted for being large.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub daemon_set_generation: Option<i64>,
+    pub progress: Option<Progress>,
 
-    /// With `spec.template`: the hash of the spec.template last written to (or
-    /// found already on) the DaemonSet, so each template is applied once.
+    /// With `spec.template`: the template the operator last wrote to the
+    /// DaemonSet, so a template it wrote is never mistaken for someone else's
+    /// edit even when Git moved on before the write landed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub applied_template_hash: Option<String>,
+    pub applied_template: Option<AppliedTemplate>,
+
+    /// Nodes outside any stage whose agent the operator replaced to bring them
+    /// back to the stable revision, until their new agent serves: they count
+    /// against `maxUnavailable` like a stage's nodes. Sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub converging_nodes: Vec<String>,
+
+    /// Nodes the operator cannot bring to the desired revision and why (a
+    /// NotReady node it refuses to empty, an agent that does not become Ready
+    /// within the deadline). At most 20, sorted by node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_node)]
+    pub stuck_nodes: Vec<NodeNote>,
 
     /// Preflight results for the target revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,8 +240,8 @@ pub struct BlockedRevision {
     /// Details: which gate failed where.
     #[serde(default)]
     pub message: String,
-    /// When `spec.template` was the source: the hash of that template
-    /// (`status.appliedTemplateHash` then), so the same spec is not applied again.
+    /// When `spec.template` was the source: the hash of that template, so the
+    /// same spec is not applied again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
     /// When the revision was blocked.
@@ -247,6 +266,9 @@ pub struct StageStatus {
     /// When every gate first passed (the soak runs from here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_at: Option<Time>,
+    /// When the stage passed (or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
     /// The latest verdict of each gate on this stage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gates: Vec<GateResult>,
@@ -254,6 +276,57 @@ pub struct StageStatus {
     /// the node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub baseline: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Nodes the stage took and then let go, with why: the node left the
+    /// cluster, became NotReady or unschedulable for the agent, or no longer
+    /// matches the DaemonSet's node selection. Their agent pod is never
+    /// deleted by the operator while they are in that state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_node)]
+    pub skipped: Vec<NodeNote>,
+    /// Nodes whose agent itself failed a gate when the stage failed: a revert
+    /// replaces them at once, outside the maxUnavailable budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_nodes: Vec<String>,
+}
+
+/// A node and a reason (skipped by a stage, stuck during a revert).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeNote {
+    /// The node's name.
+    pub node: String,
+    /// CamelCase reason, e.g. NodeNotReady, UntoleratedTaint, NodeDeleted.
+    pub reason: String,
+    /// Human-readable details.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// A `spec.template` the operator wrote to the DaemonSet.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedTemplate {
+    /// Hash of the `spec.template` written.
+    pub hash: String,
+    /// The DaemonSet's `metadata.generation` in the response of the last
+    /// write that returned (of this template, or of the one before while
+    /// this one is being written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// Progress of the rollout or revert under way (see `status.progress`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// What is progressing, e.g. `stage 2 of revision 6d4f9c` or `revert to
+    /// revision 5997b7`: progress of another subject starts afresh.
+    pub subject: String,
+    /// The most nodes done so far for that subject (replaced and judged, or
+    /// converged).
+    pub nodes: i32,
+    /// When `nodes` last grew, or the subject started.
+    pub last_progress_time: Time,
 }
 
 /// The verdict of one gate on one stage.

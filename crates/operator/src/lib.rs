@@ -1,16 +1,12 @@
-//! saferollout operator: staged, gated, self-reverting rollouts of
-//! device-plugin and DRA-driver DaemonSets.
+//! saferollout operator: the runtime around the pure decision logic of
+//! `saferollout-core` (staged, gated, self-reverting rollouts of device-plugin
+//! and DRA-driver DaemonSets).
 //!
-//! - [`plan`], [`gates`], [`rollout`], [`conditions`]: pure decision logic,
-//!   unit-tested without a cluster;
-//! - [`controller`]: the kube-rs controller that reads caches, asks
-//!   [`rollout::decide`], writes status, then acts;
-//! - [`metrics`]: Prometheus metrics.
+//! - [`controller`]: caches, the reconcile pipeline (dereference, decide,
+//!   write status, act), the work queue;
+//! - [`leader`]: leader election on a Lease and the write fence;
+//! - [`metrics`]: Prometheus metrics, `/healthz`, `/readyz`.
 
-pub mod conditions;
 pub mod controller;
-pub mod gates;
+pub mod leader;
 pub mod metrics;
-pub mod plan;
-pub mod preflight;
-pub mod rollout;

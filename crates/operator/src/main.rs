@@ -2,7 +2,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
-use saferollout_operator::{controller, metrics};
+use saferollout_operator::{controller, leader, metrics};
 use tracing_subscriber::EnvFilter;
 
 /// The saferollout operator: staged, gated, self-reverting rollouts of device-plugin and DRA-driver DaemonSets.
@@ -12,12 +12,49 @@ struct Args {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, env = "SAFEROLLOUT_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "SAFEROLLOUT_NAMESPACE")]
-    namespace: Option<String>,
+    /// Watch only these namespaces (comma-separated; default: all namespaces).
+    /// Pods, DaemonSets and ControllerRevisions are then read in these
+    /// namespaces only, so namespaced RBAC (Roles) suffices for them.
+    #[arg(
+        long,
+        env = "SAFEROLLOUT_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        alias = "namespace"
+    )]
+    watch_namespaces: Vec<String>,
+    /// Elect a leader among replicas with a coordination.k8s.io Lease; only the
+    /// leader reconciles and writes.
+    #[arg(long, env = "SAFEROLLOUT_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the leader Lease (default: the pod's namespace from
+    /// POD_NAMESPACE, else saferollout-system).
+    #[arg(long, env = "SAFEROLLOUT_LEADER_ELECTION_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "SAFEROLLOUT_LEADER_ELECTION_LEASE_NAME",
+        default_value = "saferollout-operator"
+    )]
+    leader_election_lease_name: String,
+    /// Seconds a lease stays valid after its last renewal; a new leader takes
+    /// over at most this long (plus a second) after the old one died.
+    #[arg(long, env = "SAFEROLLOUT_LEASE_DURATION", default_value_t = 15)]
+    lease_duration: u64,
+    /// Seconds before expiry the leader renews its lease.
+    #[arg(long, env = "SAFEROLLOUT_LEASE_GRACE", default_value_t = 5)]
+    lease_grace: u64,
     /// Log as JSON lines.
     #[arg(long, env = "SAFEROLLOUT_LOG_JSON")]
     log_json: bool,
+}
+
+/// This replica's name in the election: the pod name when deployed, else host and process.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "saferollout-operator".into());
+    format!("{host}-{}", std::process::id())
 }
 
 #[tokio::main]
@@ -33,12 +70,42 @@ async fn main() -> anyhow::Result<()> {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    if args.lease_grace == 0 || args.lease_grace >= args.lease_duration {
+        anyhow::bail!("--lease-grace must be at least 1 and less than --lease-duration");
+    }
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let server = tokio::spawn(metrics::serve(args.metrics_addr, metrics.clone()));
-    tracing::info!(metrics = %args.metrics_addr, namespace = ?args.namespace, "starting saferollout-operator");
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr).await?;
+    tracing::info!(
+        metrics = %listener.local_addr()?,
+        namespaces = ?args.watch_namespaces,
+        leader_election = args.leader_election,
+        "starting saferollout-operator"
+    );
+    let server = tokio::spawn(metrics::serve(listener, metrics.clone()));
+    let leadership = if args.leader_election {
+        let namespace = args
+            .leader_election_namespace
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "saferollout-system".into());
+        let config = leader::ElectionConfig {
+            namespace,
+            lease_name: args.leader_election_lease_name,
+            identity: identity(),
+            duration: args.lease_duration,
+            grace: args.lease_grace,
+        };
+        tracing::info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "joining the leader election");
+        leader::elect(client.clone(), config).await?
+    } else {
+        leader::sole_leader()
+    };
+    metrics.set_lease_known();
+    let options = controller::Options {
+        namespaces: args.watch_namespaces,
+    };
     tokio::select! {
-        r = controller::run(client, metrics, args.namespace) => r?,
+        r = controller::run(client, metrics, leadership, options) => r?,
         r = server => r??,
     }
     Ok(())

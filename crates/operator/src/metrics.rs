@@ -1,7 +1,15 @@
-//! Prometheus metrics, served on `/metrics`. Alert rules in
-//! `deploy/prometheus-rules.yaml` fire on these names: keep them stable.
+//! Prometheus metrics, served on `/metrics` with `/healthz` and `/readyz`.
+//! Alert rules (`deploy/prometheus-rules.yaml`) fire on these names: keep
+//! them stable. Cardinality is bounded: series per SafeRollout (and per gate
+//! of it), never per node.
+//!
+//! Everything per rollout is recorded after the status write succeeded, from
+//! the written status ([`Metrics::observe_status`]) and what changed
+//! ([`Metrics::record_transitions`], decided by `saferollout_core::transitions`):
+//! a failed write counts nothing, the pass that repeats it counts once.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -10,7 +18,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use saferollout_api::Phase;
+use saferollout_api::{GateStatus, Phase, SafeRolloutStatus};
+use saferollout_core::transitions::Transitions;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RolloutLabels {
@@ -30,12 +39,41 @@ pub struct GateLabels {
     pub namespace: String,
     pub name: String,
     pub gate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateReasonLabels {
+    pub namespace: String,
+    pub name: String,
+    pub gate: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RollbackLabels {
+    pub namespace: String,
+    pub name: String,
     pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
 }
 
 pub const PHASES: &[Phase] = &[
@@ -48,18 +86,47 @@ pub const PHASES: &[Phase] = &[
     Phase::Failed,
 ];
 
+/// What a reconcile saw of the nodes, for the per-rollout node gauges.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeCounts {
+    /// Nodes the DaemonSet covers now.
+    pub in_scope: usize,
+    /// Of those, nodes running a live pod of the target revision.
+    pub on_target: usize,
+}
+
 pub struct Metrics {
-    pub registry: Registry,
-    /// 1 for the SafeRollout's current phase, 0 for the others.
+    registry: Registry,
     pub phase: Family<PhaseLabels, Gauge>,
-    /// Current stage, 1-based; 0 when no rollout is in progress.
+    pub phase_transition: Family<RolloutLabels, Gauge>,
     pub stage: Family<RolloutLabels, Gauge>,
-    pub gate_failures: Family<GateLabels, Counter>,
-    pub rollbacks: Family<RolloutLabels, Counter>,
+    pub stages: Family<RolloutLabels, Gauge>,
+    pub nodes_on_target: Family<RolloutLabels, Gauge>,
+    pub nodes_in_scope: Family<RolloutLabels, Gauge>,
+    pub progress: Family<RolloutLabels, Gauge>,
+    pub progress_deadline: Family<RolloutLabels, Gauge>,
+    pub gate_result: Family<GateLabels, Gauge>,
+    pub gate_failures: Family<GateReasonLabels, Counter>,
+    pub rollbacks: Family<RollbackLabels, Counter>,
     pub stages_passed: Family<RolloutLabels, Counter>,
     pub rollouts_succeeded: Family<RolloutLabels, Counter>,
+    pub stage_duration: Family<RolloutLabels, Histogram>,
+    pub revert_latency: Histogram,
     pub reconcile_duration: Histogram,
+    pub reconciles: Family<ResultLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub watch_restarts: Family<ResourceLabels, Counter>,
+    pub leader: Gauge,
+    /// Gates with a `gate_result` series, per rollout (so stale ones go).
+    gate_series: std::sync::Mutex<std::collections::HashMap<RolloutLabels, Vec<String>>>,
+    /// /readyz: every cache synced and the lease state known.
+    caches_synced: AtomicBool,
+    lease_known: AtomicBool,
+}
+
+fn stage_buckets() -> Histogram {
+    // 1 s to about 4.5 h.
+    Histogram::new(exponential_buckets(1.0, 2.0, 15))
 }
 
 impl Default for Metrics {
@@ -67,24 +134,86 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("saferollout");
         let m = Metrics {
             phase: Family::default(),
+            phase_transition: Family::default(),
             stage: Family::default(),
+            stages: Family::default(),
+            nodes_on_target: Family::default(),
+            nodes_in_scope: Family::default(),
+            progress: Family::default(),
+            progress_deadline: Family::default(),
+            gate_result: Family::default(),
             gate_failures: Family::default(),
             rollbacks: Family::default(),
             stages_passed: Family::default(),
             rollouts_succeeded: Family::default(),
+            stage_duration: Family::new_with_constructor(stage_buckets),
+            // 10 ms to about 5.5 min.
+            revert_latency: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            reconciles: Family::default(),
             reconcile_errors: Family::default(),
+            watch_restarts: Family::default(),
+            leader: Gauge::default(),
+            gate_series: Default::default(),
+            caches_synced: AtomicBool::new(false),
+            lease_known: AtomicBool::new(false),
             registry: Registry::default(),
         };
+        let build_info: Family<VersionLabels, Gauge> = Family::default();
+        build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "The operator's version (always 1)",
+            build_info,
+        );
         registry.register(
             "rollout_phase",
             "Current phase of each SafeRollout (1 = in this phase)",
             m.phase.clone(),
         );
         registry.register(
+            "rollout_phase_transition_timestamp_seconds",
+            "Unix time of each SafeRollout's last phase change",
+            m.phase_transition.clone(),
+        );
+        registry.register(
             "rollout_stage",
             "Current stage of each SafeRollout, 1-based (0 = idle)",
             m.stage.clone(),
+        );
+        registry.register(
+            "rollout_stages",
+            "Number of stages of each SafeRollout",
+            m.stages.clone(),
+        );
+        registry.register(
+            "rollout_nodes_on_target",
+            "Nodes the DaemonSet covers that run the target revision",
+            m.nodes_on_target.clone(),
+        );
+        registry.register(
+            "rollout_nodes_in_scope",
+            "Nodes the target DaemonSet covers",
+            m.nodes_in_scope.clone(),
+        );
+        registry.register(
+            "rollout_progress_timestamp_seconds",
+            "Unix time of the last progress of the rollout or revert under way (absent when idle)",
+            m.progress.clone(),
+        );
+        registry.register(
+            "rollout_progress_deadline_seconds",
+            "spec.progressDeadline of each SafeRollout",
+            m.progress_deadline.clone(),
+        );
+        registry.register(
+            "gate_result",
+            "Verdict of each gate on the current stage: 1 passed, 0 pending, -1 failed",
+            m.gate_result.clone(),
         );
         registry.register(
             "gate_failures",
@@ -93,7 +222,7 @@ impl Default for Metrics {
         );
         registry.register(
             "rollbacks",
-            "Automatic reverts to the last good template",
+            "Automatic reverts to the last good template, by reason",
             m.rollbacks.clone(),
         );
         registry.register(
@@ -107,58 +236,223 @@ impl Default for Metrics {
             m.rollouts_succeeded.clone(),
         );
         registry.register(
+            "stage_duration_seconds",
+            "Time from a stage's start to its pass",
+            m.stage_duration.clone(),
+        );
+        registry.register(
+            "revert_latency_seconds",
+            "Time from a gate's failing observation (its soak included) to the revert write",
+            m.revert_latency.clone(),
+        );
+        registry.register(
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
             m.reconcile_duration.clone(),
         );
+        registry.register("reconciles", "Reconciles by result", m.reconciles.clone());
         registry.register(
             "reconcile_errors",
             "Reconcile errors by kind",
             m.reconcile_errors.clone(),
         );
+        registry.register(
+            "watch_restarts",
+            "Watches that had to list again (errors, expired resource versions), by resource",
+            m.watch_restarts.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 on the replica holding the leader lease (the one that reconciles)",
+            m.leader.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
 
+fn labels(namespace: &str, name: &str) -> RolloutLabels {
+    RolloutLabels {
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
 impl Metrics {
-    pub fn set_phase(&self, namespace: &str, name: &str, phase: &Phase) {
+    /// Gauges of one SafeRollout from the status just written.
+    pub fn observe_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        st: &SafeRolloutStatus,
+        stage_count: usize,
+        progress_deadline: Duration,
+        nodes: NodeCounts,
+    ) {
+        let l = labels(namespace, name);
+        let current = st.phase.unwrap_or_default();
         for p in PHASES {
-            let labels = PhaseLabels {
+            let pl = PhaseLabels {
                 namespace: namespace.into(),
                 name: name.into(),
-                phase: format!("{p:?}"),
+                phase: p.as_str().into(),
             };
-            self.phase.get_or_create(&labels).set(i64::from(p == phase));
+            self.phase.get_or_create(&pl).set(i64::from(*p == current));
+        }
+        if let Some(t) = &st.phase_transition_time {
+            self.phase_transition.get_or_create(&l).set(t.0.as_second());
+        }
+        let rolling = matches!(
+            current,
+            Phase::Progressing | Phase::Paused | Phase::RollingBack
+        );
+        self.stage.get_or_create(&l).set(match st.current_stage {
+            Some(s) if rolling => i64::from(s) + 1,
+            _ => 0,
+        });
+        self.stages.get_or_create(&l).set(stage_count as i64);
+        self.nodes_on_target
+            .get_or_create(&l)
+            .set(nodes.on_target as i64);
+        self.nodes_in_scope
+            .get_or_create(&l)
+            .set(nodes.in_scope as i64);
+        match &st.progress {
+            Some(p) => {
+                self.progress
+                    .get_or_create(&l)
+                    .set(p.last_progress_time.0.as_second());
+            }
+            None => {
+                self.progress.remove(&l);
+            }
+        }
+        self.progress_deadline
+            .get_or_create(&l)
+            .set(progress_deadline.as_secs() as i64);
+        let gates = st
+            .current_stage
+            .and_then(|i| st.stage(i))
+            .or_else(|| st.stages.last())
+            .map(|s| s.gates.as_slice())
+            .unwrap_or_default();
+        let gate_labels = |gate: &str| GateLabels {
+            namespace: namespace.into(),
+            name: name.into(),
+            gate: gate.into(),
+        };
+        for g in gates {
+            let value = match g.status {
+                GateStatus::Passed => 1,
+                GateStatus::Pending => 0,
+                GateStatus::Failed => -1,
+            };
+            self.gate_result
+                .get_or_create(&gate_labels(&g.gate))
+                .set(value);
+        }
+        let now: Vec<String> = gates.iter().map(|g| g.gate.clone()).collect();
+        let mut series = self.gate_series.lock().unwrap_or_else(|e| e.into_inner());
+        for old in series
+            .get(&l)
+            .into_iter()
+            .flatten()
+            .filter(|g| !now.contains(g))
+        {
+            self.gate_result.remove(&gate_labels(old));
+        }
+        series.insert(l, now);
+    }
+
+    /// Counters and histograms of what a written status changed.
+    pub fn record_transitions(&self, namespace: &str, name: &str, t: &Transitions) {
+        let l = labels(namespace, name);
+        if let Some(r) = &t.rollback {
+            self.rollbacks
+                .get_or_create(&RollbackLabels {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    reason: r.reason.clone(),
+                })
+                .inc();
+            self.gate_failures
+                .get_or_create(&GateReasonLabels {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    gate: r.gate.clone(),
+                    reason: r.reason.clone(),
+                })
+                .inc();
+        }
+        for d in &t.stages_passed {
+            self.stages_passed.get_or_create(&l).inc();
+            self.stage_duration
+                .get_or_create(&l)
+                .observe(d.as_secs_f64());
+        }
+        if t.rollout_succeeded {
+            self.rollouts_succeeded.get_or_create(&l).inc();
         }
     }
 
-    pub fn set_stage(&self, namespace: &str, name: &str, stage: Option<i32>) {
-        let labels = RolloutLabels {
-            namespace: namespace.into(),
-            name: name.into(),
-        };
-        self.stage
-            .get_or_create(&labels)
-            .set(stage.map_or(0, |s| i64::from(s) + 1));
-    }
-
-    /// Drops a deleted SafeRollout's series.
+    /// Drops a deleted SafeRollout's gauges.
     pub fn forget(&self, namespace: &str, name: &str) {
+        let l = labels(namespace, name);
         for p in PHASES {
             self.phase.remove(&PhaseLabels {
                 namespace: namespace.into(),
                 name: name.into(),
-                phase: format!("{p:?}"),
+                phase: p.as_str().into(),
             });
         }
-        self.stage.remove(&RolloutLabels {
-            namespace: namespace.into(),
-            name: name.into(),
-        });
+        for f in [
+            &self.phase_transition,
+            &self.stage,
+            &self.stages,
+            &self.nodes_on_target,
+            &self.nodes_in_scope,
+            &self.progress,
+            &self.progress_deadline,
+        ] {
+            f.remove(&l);
+        }
+        let mut series = self.gate_series.lock().unwrap_or_else(|e| e.into_inner());
+        for gate in series.remove(&l).unwrap_or_default() {
+            self.gate_result.remove(&GateLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                gate,
+            });
+        }
     }
 
-    pub fn observe_reconcile(&self, took: Duration) {
+    pub fn observe_reconcile(&self, took: Duration, result: &str) {
         self.reconcile_duration.observe(took.as_secs_f64());
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    pub fn watch_restarted(&self, resource: &str) {
+        self.watch_restarts
+            .get_or_create(&ResourceLabels {
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    pub fn set_caches_synced(&self) {
+        self.caches_synced.store(true, Ordering::Release);
+    }
+
+    pub fn set_lease_known(&self) {
+        self.lease_known.store(true, Ordering::Release);
+    }
+
+    /// Ready to serve: every cache listed and the leader lease's state known.
+    pub fn is_ready(&self) -> bool {
+        self.caches_synced.load(Ordering::Acquire) && self.lease_known.load(Ordering::Acquire)
     }
 
     pub fn encode(&self) -> String {
@@ -170,13 +464,14 @@ impl Metrics {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
-pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
-    use axum::{Router, http::header, routing::get};
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    use axum::{Router, http::StatusCode, http::header, routing::get};
+    let for_metrics = metrics.clone();
     let app = Router::new()
         .route(
             "/metrics",
             get(move || {
-                let m = metrics.clone();
+                let m = for_metrics.clone();
                 async move {
                     (
                         [(
@@ -189,36 +484,106 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>) -> anyhow:
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = metrics.is_ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "caches not synced or lease state unknown",
+                        )
+                    }
+                }
+            }),
+        );
     axum::serve(listener, app).await?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use saferollout_api::{GateResult, StageStatus};
+    use saferollout_core::transitions::Rollback;
+
     use super::*;
 
     #[test]
-    fn phase_gauge_marks_exactly_one_phase() {
+    fn status_gauges_and_transition_counters() {
         let m = Metrics::default();
-        m.set_phase("ns", "sr", &Phase::RollingBack);
-        m.rollbacks
-            .get_or_create(&RolloutLabels {
-                namespace: "ns".into(),
-                name: "sr".into(),
-            })
-            .inc();
-        let text = m.encode();
-        assert!(
-            text.contains(
-                r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="RollingBack"} 1"#
-            ),
-            "{text}"
+        let st = SafeRolloutStatus {
+            phase: Some(Phase::RollingBack),
+            current_stage: Some(1),
+            phase_transition_time: Some(Time(jiff::Timestamp::from_second(1_800_000_000).unwrap())),
+            stages: vec![
+                StageStatus::default(),
+                StageStatus {
+                    index: 1,
+                    gates: vec![GateResult {
+                        gate: "allocatable/x".into(),
+                        status: GateStatus::Failed,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        m.observe_status(
+            "ns",
+            "sr",
+            &st,
+            3,
+            Duration::from_secs(600),
+            NodeCounts {
+                in_scope: 4,
+                on_target: 2,
+            },
         );
-        assert!(text.contains(
-            r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="Succeeded"} 0"#
-        ));
-        assert!(text.contains(r#"saferollout_rollbacks_total{namespace="ns",name="sr"} 1"#));
+        m.record_transitions(
+            "ns",
+            "sr",
+            &Transitions {
+                rollback: Some(Rollback {
+                    gate: "allocatable/x".into(),
+                    reason: "BelowMinimum".into(),
+                    failing_since: None,
+                }),
+                ..Default::default()
+            },
+        );
+        let text = m.encode();
+        for want in [
+            r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="RollingBack"} 1"#,
+            r#"saferollout_rollout_phase{namespace="ns",name="sr",phase="Succeeded"} 0"#,
+            r#"saferollout_rollout_stage{namespace="ns",name="sr"} 2"#,
+            r#"saferollout_rollout_stages{namespace="ns",name="sr"} 3"#,
+            r#"saferollout_rollout_nodes_on_target{namespace="ns",name="sr"} 2"#,
+            r#"saferollout_rollout_phase_transition_timestamp_seconds{namespace="ns",name="sr"} 1800000000"#,
+            r#"saferollout_gate_result{namespace="ns",name="sr",gate="allocatable/x"} -1"#,
+            r#"saferollout_rollbacks_total{namespace="ns",name="sr",reason="BelowMinimum"} 1"#,
+            r#"saferollout_gate_failures_total{namespace="ns",name="sr",gate="allocatable/x",reason="BelowMinimum"} 1"#,
+            r#"saferollout_build_info{version=""#,
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        m.forget("ns", "sr");
+        let text = m.encode();
+        assert!(!text.contains(r#"saferollout_rollout_phase{namespace="ns""#));
+        assert!(!text.contains(r#"saferollout_gate_result{namespace="ns""#));
+    }
+
+    #[test]
+    fn readiness_needs_caches_and_the_lease() {
+        let m = Metrics::default();
+        assert!(!m.is_ready());
+        m.set_caches_synced();
+        assert!(!m.is_ready());
+        m.set_lease_known();
+        assert!(m.is_ready());
     }
 }

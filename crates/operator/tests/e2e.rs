@@ -42,6 +42,9 @@ impl Operator {
             .open(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"))
             .args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"])
+            // One lease per test: a killed operator of an earlier test must not
+            // hold the next one back for a lease duration.
+            .args(["--leader-election-lease-name", &format!("saferollout-{ns}")])
             .env("KUBECONFIG", c.kubeconfig())
             // Least privilege, proven: the operator acts as the ServiceAccount
             // of deploy/rbac.yaml, not as the cluster admin.

@@ -3,7 +3,11 @@
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use saferollout_api::{Phase, RETRY_ANNOTATION, SafeRollout, SafeRolloutStatus, StageState};
+use saferollout_api::{
+    ABORT_ANNOTATION, APPROVE_ANNOTATION, Phase, RETRY_ANNOTATION, SafeRollout, SafeRolloutStatus,
+    StageState,
+};
+use saferollout_core::rollout::approval_value;
 use serde_json::json;
 
 use super::{FIELD_MANAGER, get_rollout, rollout_ref};
@@ -11,12 +15,6 @@ use crate::cli::RetryArgs;
 use crate::client::Kube;
 use crate::error::CliError;
 use crate::output::emit;
-
-/// Annotation approving a stage that waits (value: the stage index). The
-/// operator reads it (`saferollout_operator::controller::APPROVE_ANNOTATION`).
-pub const APPROVE_ANNOTATION: &str = "saferollout.dev/approve";
-/// Annotation reverting the rollout in progress now (value: its target revision).
-pub const ABORT_ANNOTATION: &str = "saferollout.dev/abort";
 
 /// The stage index to approve: only when the rollout is Paused because its
 /// current stage passed and waits for approval (not when paused by
@@ -181,7 +179,7 @@ pub async fn approve(kube: &Kube, name: &str) -> Result<u8, CliError> {
     // The operator accepts only `<target revision>:<stage>`, so an approval
     // left on the object never approves a later rollout.
     let target = st.target_revision.clone().unwrap_or_default();
-    let value = saferollout_operator::rollout::approval_value(&target, index as usize);
+    let value = approval_value(&target, index as usize);
     patch(kube, name, annotation_patch(APPROVE_ANNOTATION, &value)).await?;
     emit(&format!(
         "SafeRollout {what}: stage {}/{total} approved ({APPROVE_ANNOTATION}={value})\n",
@@ -389,10 +387,6 @@ mod tests {
         assert_eq!(
             annotation_patch(APPROVE_ANNOTATION, "2"),
             json!({"metadata": {"annotations": {"saferollout.dev/approve": "2"}}})
-        );
-        assert_eq!(
-            APPROVE_ANNOTATION,
-            saferollout_operator::controller::APPROVE_ANNOTATION
         );
     }
 }

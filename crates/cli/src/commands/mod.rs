@@ -18,10 +18,7 @@ use crate::error::CliError;
 
 /// Field manager of the CLI's writes.
 pub const FIELD_MANAGER: &str = "kubectl-saferollout";
-/// The well-known zone label the planner spreads stages across.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-/// The label the DaemonSet controller puts on its pods and ControllerRevisions.
-pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+pub use saferollout_api::{REVISION_HASH_LABEL, ZONE_LABEL};
 
 /// Runs the command; `Ok(code)` is the exit status of a command that ran.
 pub async fn run(cli: Cli) -> Result<u8, CliError> {

@@ -1,19 +1,23 @@
-//! `plan NAME`: which nodes each stage would take now, computed the way the
-//! operator computes it (`saferollout_operator::plan`), without writing anything.
+//! `plan NAME`: which nodes each stage would take now, computed with the
+//! operator's own planner and eligibility rules (`saferollout_core`), without
+//! writing anything.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::ListParams;
 use saferollout_api::{SafeRollout, SafeRolloutStatus, Stage, StageState, resolve_count};
-use saferollout_operator::controller::selector_matches;
-use saferollout_operator::plan::{Candidate, cumulative_target, plan_stage};
+use saferollout_core::plan::{
+    Candidate, canary_selector, candidates, cumulative_target, plan_stage,
+};
+use saferollout_core::revision::{RevisionTemplate, current_revision, revision_template};
+use saferollout_core::views::{AgentPod, NodeView, NodesByName, Placement, pods_by_node};
 use serde::Serialize;
 
-use super::{ZONE_LABEL, get_rollout, int_or_string, owned_by, revision_hash, rollout_ref};
+use super::{get_rollout, int_or_string, owned_by, revision_hash, rollout_ref};
 use crate::cli::PlanArgs;
 use crate::client::Kube;
 use crate::error::CliError;
@@ -73,52 +77,63 @@ pub struct PlanReport {
     pub stages: Vec<StagePlan>,
 }
 
-/// The `controller-revision-hash` of the DaemonSet's newest ControllerRevision.
-pub fn newest_revision(revisions: &[ControllerRevision], ds_uid: &str) -> Option<String> {
-    revisions
+/// The revision (`controller-revision-hash`) of the DaemonSet's template: the
+/// ControllerRevision with the same template, as the operator finds it.
+pub fn daemonset_revision(ds: &DaemonSet, revisions: &[ControllerRevision]) -> Option<String> {
+    let uid = ds.metadata.uid.as_deref().unwrap_or_default();
+    let parsed: Vec<(String, i64, PodTemplateSpec)> = revisions
         .iter()
-        .filter(|cr| owned_by(&cr.metadata, ds_uid))
-        .max_by_key(|cr| cr.revision)
-        .and_then(|cr| revision_hash(&cr.metadata))
+        .filter(|cr| owned_by(&cr.metadata, uid))
+        .filter_map(|cr| {
+            Some((
+                revision_hash(&cr.metadata)?,
+                cr.revision.unwrap_or(0),
+                revision_template(cr)?,
+            ))
+        })
+        .collect();
+    let views: Vec<RevisionTemplate> = parsed
+        .iter()
+        .map(|(hash, number, template)| RevisionTemplate {
+            hash,
+            number: *number,
+            template,
+        })
+        .collect();
+    current_revision(&ds.spec.template, &views).map(str::to_string)
 }
 
-/// The candidates, as the operator builds them: every node with a live (not
-/// terminating) agent pod of the DaemonSet, with its zone, canary
-/// eligibility, and whether a live pod there runs `target`.
+/// The candidates, as the operator builds them: every node whose agent may be
+/// replaced now (Ready, taints tolerated, selected by the DaemonSet) and that
+/// runs a live agent pod, with its zone, canary eligibility, and whether a
+/// live pod there runs `target`.
 pub fn build_candidates(
     nodes: &[Node],
     pods: &[Pod],
-    ds_uid: &str,
+    ds: &DaemonSet,
     canary: Option<&LabelSelector>,
     target: Option<&str>,
 ) -> Vec<Candidate> {
-    let mut out = Vec::new();
-    for node in nodes {
-        let Some(name) = node.metadata.name.as_deref() else {
-            continue;
-        };
-        let live: Vec<&Pod> = pods
-            .iter()
-            .filter(|p| owned_by(&p.metadata, ds_uid))
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name))
-            .collect();
-        if live.is_empty() {
-            continue;
-        }
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        out.push(Candidate {
-            name: name.to_string(),
-            zone: labels.get(ZONE_LABEL).cloned(),
-            canary_eligible: canary.is_none_or(|sel| selector_matches(sel, &labels)),
-            on_target: target.is_some_and(|t| {
-                live.iter()
-                    .any(|p| revision_hash(&p.metadata).as_deref() == Some(t))
-            }),
-        });
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+    let uid = ds.metadata.uid.as_deref().unwrap_or_default();
+    let node_views: NodesByName = nodes
+        .iter()
+        .map(NodeView::of)
+        .map(|v| (v.name, v))
+        .collect();
+    let agent_pods = pods_by_node(
+        pods.iter()
+            .filter(|p| owned_by(&p.metadata, uid))
+            .filter_map(AgentPod::of),
+    );
+    let placement = Placement::of(ds.spec.template.spec.as_ref());
+    // No target: no pod is on it (a revision hash is never empty).
+    candidates(
+        &node_views,
+        &agent_pods,
+        &placement,
+        &canary_selector(canary),
+        target.unwrap_or_default(),
+    )
 }
 
 /// Whether the stages recorded in status belong to the rollout of `revision`
@@ -189,7 +204,7 @@ pub fn plan_rollout(
 /// Everything `plan` needs, fetched.
 pub struct PlanInputs {
     pub rollout: SafeRollout,
-    pub daemonset_uid: String,
+    pub daemonset: DaemonSet,
     pub revisions: Vec<ControllerRevision>,
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
@@ -200,7 +215,7 @@ pub fn build_report(inputs: &PlanInputs) -> PlanReport {
     let sr = &inputs.rollout;
     let empty = SafeRolloutStatus::default();
     let st = sr.status.as_ref().unwrap_or(&empty);
-    let revision = newest_revision(&inputs.revisions, &inputs.daemonset_uid);
+    let revision = daemonset_revision(&inputs.daemonset, &inputs.revisions);
     // Nothing to roll out (the newest revision is the stable one): show what a
     // new revision would get, i.e. no node counts as already on it.
     let idle = revision.is_some() && st.stable_revision == revision;
@@ -213,7 +228,7 @@ pub fn build_report(inputs: &PlanInputs) -> PlanReport {
     let candidates = build_candidates(
         &inputs.nodes,
         &inputs.pods,
-        &inputs.daemonset_uid,
+        &inputs.daemonset,
         canary,
         target,
     );
@@ -235,7 +250,7 @@ pub fn build_report(inputs: &PlanInputs) -> PlanReport {
             revision.as_deref().unwrap_or_default()
         ))
     } else if revision.is_none() {
-        Some("the DaemonSet's newest revision is unknown: no node counts as already updated".into())
+        Some("the DaemonSet's current revision is not recorded yet: no node counts as already updated".into())
     } else {
         None
     };
@@ -302,7 +317,6 @@ async fn fetch(kube: &Kube, name: &str) -> Result<PlanInputs, CliError> {
         .get(&ds_name)
         .await
         .map_err(|e| kube.error(e, &what))?;
-    let daemonset_uid = ds.metadata.uid.clone().unwrap_or_default();
     // All of the namespace's, filtered by owner uid: no selector conversion needed.
     let lp = ListParams::default();
     let revisions = Api::<ControllerRevision>::namespaced(kube.client.clone(), ns)
@@ -322,7 +336,7 @@ async fn fetch(kube: &Kube, name: &str) -> Result<PlanInputs, CliError> {
         .items;
     Ok(PlanInputs {
         rollout,
-        daemonset_uid,
+        daemonset: ds,
         revisions,
         pods,
         nodes,
@@ -361,7 +375,7 @@ mod tests {
         LabelSelectorRequirement, ObjectMeta, OwnerReference, Time,
     };
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    use saferollout_api::{Canary, SafeRolloutSpec, StageStatus, default_stages};
+    use saferollout_api::{Canary, SafeRolloutSpec, StageStatus, ZONE_LABEL, default_stages};
 
     use super::*;
 
@@ -511,8 +525,26 @@ mod tests {
     fn node(name: &str, labels: &[(&str, &str)]) -> Node {
         Node {
             metadata: meta(name, labels),
+            status: Some(
+                serde_json::from_value(
+                    serde_json::json!({"conditions": [{"type": "Ready", "status": "True"}]}),
+                )
+                .unwrap(),
+            ),
             ..Default::default()
         }
+    }
+
+    fn template(image: &str) -> serde_json::Value {
+        serde_json::json!({"spec": {"containers": [{"name": "c", "image": image}]}})
+    }
+
+    fn daemonset(image: &str) -> DaemonSet {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ds", "uid": UID},
+            "spec": {"selector": {}, "template": template(image)}
+        }))
+        .unwrap()
     }
 
     fn pod(name: &str, node: &str, hash: &str, uid: &str) -> Pod {
@@ -528,26 +560,41 @@ mod tests {
         }
     }
 
+    /// A revision whose template's image is `x:<hash>`.
     fn revision(hash: &str, number: i64, uid: &str) -> ControllerRevision {
         let mut metadata = meta(&format!("ds-{hash}"), &[("controller-revision-hash", hash)]);
         metadata.owner_references = owner(uid);
         ControllerRevision {
             metadata,
             revision: Some(number),
-            ..Default::default()
+            data: k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+                serde_json::json!({"spec": {"template": template(&format!("x:{hash}"))}}),
+            ),
         }
     }
 
     #[test]
-    fn newest_revision_is_the_highest_number_owned_by_the_daemonset() {
+    fn the_daemonset_revision_is_found_by_content_not_by_number() {
         let revs = [
-            revision("old", 1, UID),
+            revision("old", 4, UID),
             revision("new", 3, UID),
             revision("other", 9, "someone-else"),
-            revision("mid", 2, UID),
         ];
-        assert_eq!(newest_revision(&revs, UID).as_deref(), Some("new"));
-        assert_eq!(newest_revision(&revs, "nobody"), None);
+        // After a restore the old template has the highest number while the
+        // DaemonSet carries "new": content decides.
+        assert_eq!(
+            daemonset_revision(&daemonset("x:new"), &revs).as_deref(),
+            Some("new")
+        );
+        assert_eq!(
+            daemonset_revision(&daemonset("x:old"), &revs).as_deref(),
+            Some("old")
+        );
+        assert_eq!(
+            daemonset_revision(&daemonset("x:other"), &revs),
+            None,
+            "not the DaemonSet's"
+        );
     }
 
     #[test]
@@ -575,7 +622,8 @@ mod tests {
             }]),
             ..Default::default()
         };
-        let c = build_candidates(&nodes, &pods, UID, Some(&sel), Some("new"));
+        let ds = daemonset("x:new");
+        let c = build_candidates(&nodes, &pods, &ds, Some(&sel), Some("new"));
         assert_eq!(
             c,
             vec![
@@ -600,7 +648,7 @@ mod tests {
             ]
         );
         // Unknown revision: nothing is on target; no selector: all eligible.
-        let c = build_candidates(&nodes, &pods, UID, None, None);
+        let c = build_candidates(&nodes, &pods, &ds, None, None);
         assert!(c.iter().all(|c| !c.on_target && c.canary_eligible));
     }
 
@@ -623,7 +671,7 @@ mod tests {
         });
         let inputs = PlanInputs {
             rollout: sr,
-            daemonset_uid: UID.into(),
+            daemonset: daemonset("x:new"),
             revisions: vec![revision("old", 1, UID), revision("new", 2, UID)],
             pods: vec![
                 pod("p1", "n1", "old", UID),

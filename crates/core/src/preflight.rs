@@ -1,19 +1,25 @@
 //! Preflight: the guides' checklists, run before the first stage of each new
 //! revision. The template rules come from `saferollout-preflight` (shared with
-//! `kubectl saferollout lint`); this module adds what needs the cluster: the
-//! DaemonSet's health, nodes that carry the device but no agent (and why), the
-//! namespace's Pod Security level.
+//! `kubectl saferollout lint`); this module adds the checks that need facts of
+//! the cluster (read by the caller): the DaemonSet's health, nodes that carry
+//! the device but no agent (and why), the namespace's Pod Security level; and
+//! decides when preflight must run at all.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Taint, Toleration};
-use saferollout_api::{PreflightFinding, PreflightStatus};
+use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use saferollout_api::{
+    CAPACITY_LABEL_PREFIX, PreflightFinding, PreflightPolicy, PreflightStatus, SafeRolloutSpec,
+    SafeRolloutStatus, count_of,
+};
 use saferollout_preflight::{
     Finding, PsaLevel, Severity, codes, daemonset_object, detect_kind, lint_pod_template,
 };
 
-use crate::gates::AgentPod;
+use crate::eligibility::{taint_string, untolerated};
+use crate::views::{PodsByNode, live_pods};
 
 /// The most findings kept in status (the count is always complete).
 pub const MAX_FINDINGS: usize = 20;
@@ -28,31 +34,36 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
 }
 
-/// Does one toleration tolerate the taint (the scheduler's rule)?
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
-        && effect != taint.effect
-    {
-        return false;
-    }
-    match t.operator.as_deref() {
-        Some("Exists") => t
-            .key
+/// Whether preflight must run now for the DaemonSet's `current` revision: a
+/// rollout of it is about to start (or was blocked by preflight: the cluster
+/// may have been fixed since).
+pub fn needed(spec: &SafeRolloutSpec, status: &SafeRolloutStatus, current: &str) -> bool {
+    let policy = spec
+        .preflight
+        .as_ref()
+        .map(|p| p.policy)
+        .unwrap_or_default();
+    policy != PreflightPolicy::Skip
+        && status
+            .stable_revision
             .as_deref()
-            .is_none_or(|k| k.is_empty() || k == taint.key),
-        _ => {
-            t.key.as_deref() == Some(taint.key.as_str())
-                && t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
-        }
-    }
+            .is_some_and(|s| s != current)
+        && (status.target_revision.as_deref() != Some(current) || status.stages.is_empty())
+        && status
+            .preflight
+            .as_ref()
+            .is_none_or(|p| p.revision != current || !p.passed)
 }
 
-/// Taints of `node` that the pod template does not tolerate and that keep pods off it.
-pub fn untolerated<'a>(node: &'a NodeFacts, tolerations: &[Toleration]) -> Vec<&'a Taint> {
-    node.taints
+/// Node labels that mark device nodes: the allocatable gates' trusted
+/// `max: capacityLabel:<label>` references.
+pub fn device_labels(spec: &SafeRolloutSpec) -> Vec<String> {
+    spec.allocatable_gates()
         .iter()
-        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        .filter_map(|g| match &g.max {
+            IntOrString::String(v) => v.strip_prefix(CAPACITY_LABEL_PREFIX).map(str::to_string),
+            _ => None,
+        })
         .collect()
 }
 
@@ -60,7 +71,7 @@ pub fn untolerated<'a>(node: &'a NodeFacts, tolerations: &[Toleration]) -> Vec<&
 pub fn check(
     revision: &str,
     ds: &DaemonSet,
-    pods: &BTreeMap<String, Vec<AgentPod>>,
+    pods: &PodsByNode,
     nodes: &[NodeFacts],
     gated_resources: &[String],
     device_labels: &[String],
@@ -105,30 +116,18 @@ pub fn check(
             || device_labels.iter().any(|l| {
                 node.labels
                     .get(l)
-                    .and_then(|v| v.parse::<i64>().ok())
+                    .and_then(|v| count_of(v))
                     .is_some_and(|n| n > 0)
             });
-        let has_agent = pods
-            .get(&node.name)
-            .is_some_and(|ps| ps.iter().any(|p| !p.deleting));
+        let has_agent = live_pods(pods, &node.name).next().is_some();
         if !has_device || has_agent {
             continue;
         }
-        let blocking = untolerated(node, &tolerations);
+        let blocking = untolerated(&node.taints, &tolerations, None);
         let why = if blocking.is_empty() {
             "its nodeSelector or affinity does not match the node".to_string()
         } else {
-            let list: Vec<String> = blocking
-                .iter()
-                .map(|t| {
-                    format!(
-                        "{}={}:{}",
-                        t.key,
-                        t.value.as_deref().unwrap_or(""),
-                        t.effect
-                    )
-                })
-                .collect();
+            let list: Vec<String> = blocking.iter().map(|t| taint_string(t)).collect();
             format!(
                 "the node has taints the DaemonSet does not tolerate: {}",
                 list.join(", ")
@@ -205,7 +204,7 @@ mod tests {
             json!({"containers": [{"name": "c", "image": "x"}]}),
             json!({"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2, "numberMisscheduled": 0}),
         );
-        let p = check("r", &d, &BTreeMap::new(), &[], &[], &[], None);
+        let p = check("r", &d, &PodsByNode::new(), &[], &[], &[], None);
         assert!(!p.passed);
         assert!(codes(&p).contains(&"SR401"));
     }
@@ -225,14 +224,10 @@ mod tests {
             node("covered", 8, json!([])),
             node("cpu-only", 0, json!([])),
         ];
-        let mut pods = BTreeMap::new();
-        pods.insert(
-            "covered".to_string(),
-            vec![AgentPod {
-                node: "covered".into(),
-                ..Default::default()
-            }],
-        );
+        let pods = crate::views::pods_by_node([crate::views::AgentPod {
+            node: "covered",
+            ..Default::default()
+        }]);
         let p = check(
             "r",
             &d,
@@ -267,7 +262,7 @@ mod tests {
         let p = check(
             "r",
             &d,
-            &BTreeMap::new(),
+            &PodsByNode::new(),
             &[],
             &[],
             &[],
@@ -311,7 +306,7 @@ mod label_tests {
             ..Default::default()
         };
         let labels = ["nvidia.com/gpu.count".to_string()];
-        let p = check("r", &d, &BTreeMap::new(), &[node], &[], &labels, None);
+        let p = check("r", &d, &PodsByNode::new(), &[node], &[], &labels, None);
         assert!(
             p.findings
                 .iter()

@@ -6,6 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube_core::{Selector, SelectorExt};
+
+use crate::eligibility::eligibility;
+use crate::views::{NodesByName, Placement, PodsByNode, live_pods};
+
 /// A node that runs (or should run) the target DaemonSet's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
@@ -24,6 +30,65 @@ pub enum PlanError {
     NoNodes,
     #[error("no node that runs the agent matches spec.canary.nodeSelector")]
     NoCanaryNode,
+}
+
+/// The canary selector, parsed; an invalid one (refused by the API server's
+/// schema for a real SafeRollout) selects nothing rather than everything.
+pub fn canary_selector(selector: Option<&LabelSelector>) -> CanarySelector {
+    match selector {
+        None => CanarySelector::Any,
+        Some(s) => match Selector::try_from(s.clone()) {
+            Ok(sel) => CanarySelector::Matching(sel),
+            Err(_) => CanarySelector::Nothing,
+        },
+    }
+}
+
+/// Which nodes the first stage may take.
+#[derive(Debug, Clone)]
+pub enum CanarySelector {
+    Any,
+    Matching(Selector),
+    Nothing,
+}
+
+impl CanarySelector {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            CanarySelector::Any => true,
+            CanarySelector::Matching(s) => s.matches(labels),
+            CanarySelector::Nothing => false,
+        }
+    }
+}
+
+/// The nodes a stage may take: every node whose agent the operator may
+/// replace now (see [`crate::eligibility`]) and that runs a live agent pod,
+/// sorted by name. A node where the DaemonSet has no pod yet is not a
+/// candidate: its pod comes from the DaemonSet controller, on the current
+/// template, and is judged as a node joining the rollout.
+pub fn candidates(
+    nodes: &NodesByName,
+    pods: &PodsByNode,
+    placement: &Placement,
+    canary: &CanarySelector,
+    target: &str,
+) -> Vec<Candidate> {
+    nodes
+        .values()
+        .filter(|n| eligibility(n, placement).is_eligible())
+        .filter_map(|n| {
+            let mut live = live_pods(pods, n.name).peekable();
+            live.peek()?;
+            let on_target = live.any(|p| p.revision == target);
+            Some(Candidate {
+                name: n.name.to_string(),
+                zone: n.zone().map(str::to_string),
+                canary_eligible: canary.matches(n.labels),
+                on_target,
+            })
+        })
+        .collect()
 }
 
 /// How many nodes (cumulative, across all stages so far) stage `wanted` asks
@@ -239,6 +304,22 @@ mod tests {
             plan_stage(&nodes, &BTreeSet::new(), 2, false).unwrap(),
             vec!["a-1", "x"]
         );
+    }
+
+    #[test]
+    fn canary_selectors_parse_once_and_fail_closed() {
+        let labels: BTreeMap<String, String> = [("canary".to_string(), "yes".to_string())].into();
+        assert!(canary_selector(None).matches(&labels));
+        let sel: LabelSelector = serde_json::from_value(serde_json::json!(
+            {"matchLabels": {"canary": "yes"}, "matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}
+        ))
+        .unwrap();
+        assert!(canary_selector(Some(&sel)).matches(&labels));
+        let bad: LabelSelector = serde_json::from_value(serde_json::json!(
+            {"matchExpressions": [{"key": "zone", "operator": "Sideways"}]}
+        ))
+        .unwrap();
+        assert!(!canary_selector(Some(&bad)).matches(&labels));
     }
 
     #[test]

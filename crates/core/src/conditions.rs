@@ -1,4 +1,5 @@
-//! kstatus-compatible conditions (`Ready`, `Progressing`, `Degraded`, ...).
+//! kstatus-compatible conditions (`Ready`, `Progressing`, `Degraded`,
+//! `Reconciling`, `Stalled`, ...).
 //!
 //! `lastTransitionTime` moves only when a condition's status changes, and the
 //! list is kept sorted by type, so writing the same state twice writes the same
@@ -7,10 +8,11 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-pub const READY: &str = "Ready";
-pub const PROGRESSING: &str = "Progressing";
-pub const DEGRADED: &str = "Degraded";
-pub const PREFLIGHT_PASSED: &str = "PreflightPassed";
+pub use saferollout_api::{
+    CONDITION_DEGRADED as DEGRADED, CONDITION_PREFLIGHT_PASSED as PREFLIGHT_PASSED,
+    CONDITION_PROGRESSING as PROGRESSING, CONDITION_READY as READY,
+    CONDITION_RECONCILING as RECONCILING, CONDITION_STALLED as STALLED,
+};
 
 /// Sets one condition, keeping its transition time when the status is unchanged.
 pub fn set(

@@ -1,0 +1,351 @@
+//! Which nodes the DaemonSet covers, and whether the operator may replace
+//! the agent on a node now.
+//!
+//! The DaemonSet controller only creates a pod on a node that matches the
+//! template's nodeSelector and required node affinity and whose NoSchedule /
+//! NoExecute taints the pod tolerates (the template's tolerations plus the ones
+//! it adds to every daemon pod). A NotReady node gets
+//! `node.kubernetes.io/not-ready:NoSchedule`, which daemon pods do not
+//! tolerate: deleting the agent pod of such a node empties it until the node
+//! recovers. So the operator only replaces agents on nodes that are Ready and
+//! that the DaemonSet controller would fill again; the others are skipped with
+//! the reason.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint, Toleration};
+
+use crate::views::{NodeView, Placement};
+
+/// Whether a node's agent may be replaced now, and if not why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eligibility {
+    Eligible,
+    /// The node's Ready condition is not True.
+    NotReady,
+    /// A NoSchedule/NoExecute taint the agent does not tolerate (`key=value:Effect`).
+    UntoleratedTaint(String),
+    /// The DaemonSet's nodeSelector or required node affinity no longer matches.
+    NotSelected,
+}
+
+impl Eligibility {
+    pub fn is_eligible(&self) -> bool {
+        matches!(self, Eligibility::Eligible)
+    }
+
+    /// CamelCase reason for status.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Eligibility::Eligible => "Eligible",
+            Eligibility::NotReady => "NodeNotReady",
+            Eligibility::UntoleratedTaint(_) => "UntoleratedTaint",
+            Eligibility::NotSelected => "NotSelected",
+        }
+    }
+}
+
+impl fmt::Display for Eligibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Eligibility::Eligible => f.write_str("eligible"),
+            Eligibility::NotReady => f.write_str("the node is not Ready"),
+            Eligibility::UntoleratedTaint(t) => {
+                write!(f, "the node has a taint the agent does not tolerate: {t}")
+            }
+            Eligibility::NotSelected => {
+                f.write_str("the DaemonSet's nodeSelector or node affinity does not match the node")
+            }
+        }
+    }
+}
+
+/// Taints the DaemonSet controller tolerates on every daemon pod
+/// (`AddOrUpdateDaemonPodTolerations`): (key, effect).
+const DAEMON_TOLERATIONS: &[(&str, &str)] = &[
+    ("node.kubernetes.io/not-ready", "NoExecute"),
+    ("node.kubernetes.io/unreachable", "NoExecute"),
+    ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+    ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+    ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+    ("node.kubernetes.io/unschedulable", "NoSchedule"),
+];
+/// Added only for pods on the host network.
+const HOST_NETWORK_TOLERATION: (&str, &str) =
+    ("node.kubernetes.io/network-unavailable", "NoSchedule");
+
+/// Does one toleration tolerate the taint (the scheduler's rule)?
+pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    if let Some(effect) = t.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
+    }
+    match t.operator.as_deref() {
+        Some("Exists") => t
+            .key
+            .as_deref()
+            .is_none_or(|k| k.is_empty() || k == taint.key),
+        _ => {
+            t.key.as_deref() == Some(taint.key.as_str())
+                && t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+    }
+}
+
+/// NoSchedule/NoExecute taints among `taints` that `tolerations` (plus, when
+/// `daemon` is set, the daemon-pod defaults) do not tolerate.
+pub fn untolerated<'t>(
+    taints: &'t [Taint],
+    tolerations: &[Toleration],
+    daemon: Option<Placement>,
+) -> Vec<&'t Taint> {
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        .filter(|t| {
+            let Some(placement) = daemon else {
+                return true;
+            };
+            let default = DAEMON_TOLERATIONS
+                .iter()
+                .chain(placement.host_network.then_some(&HOST_NETWORK_TOLERATION))
+                .any(|(key, effect)| t.key == *key && t.effect == *effect);
+            !default
+        })
+        .collect()
+}
+
+/// `key=value:Effect`, as kubectl prints a taint.
+pub fn taint_string(t: &Taint) -> String {
+    format!(
+        "{}={}:{}",
+        t.key,
+        t.value.as_deref().unwrap_or(""),
+        t.effect
+    )
+}
+
+fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(bound)) = (
+                value.and_then(|v| v.parse::<i64>().ok()),
+                values.first().and_then(|b| b.parse::<i64>().ok()),
+            ) else {
+                return false;
+            };
+            if r.operator == "Gt" {
+                v > bound
+            } else {
+                v < bound
+            }
+        }
+        _ => false,
+    }
+}
+
+/// The template's nodeSelector and required node affinity match the node.
+pub fn is_selected(node: &NodeView, placement: &Placement) -> bool {
+    if let Some(selector) = placement.node_selector
+        && !selector
+            .iter()
+            .all(|(k, v)| node.label(k) == Some(v.as_str()))
+    {
+        return false;
+    }
+    let Some(required) = placement
+        .affinity
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return true;
+    };
+    // Terms are ORed; a term's requirements are ANDed; an empty term matches nothing.
+    required.node_selector_terms.iter().any(|term| {
+        let exprs = term.match_expressions.as_deref().unwrap_or_default();
+        let fields = term.match_fields.as_deref().unwrap_or_default();
+        (!exprs.is_empty() || !fields.is_empty())
+            && exprs
+                .iter()
+                .all(|r| requirement_matches(r, node.label(&r.key)))
+            && fields.iter().all(|r| {
+                let value = (r.key == "metadata.name").then_some(node.name);
+                requirement_matches(r, value)
+            })
+    })
+}
+
+/// Whether the DaemonSet controller would (re)create the agent on `node` now.
+pub fn eligibility(node: &NodeView, placement: &Placement) -> Eligibility {
+    if !is_selected(node, placement) {
+        return Eligibility::NotSelected;
+    }
+    if let Some(t) = untolerated(node.taints, placement.tolerations, Some(*placement)).first() {
+        return Eligibility::UntoleratedTaint(taint_string(t));
+    }
+    if !node.ready {
+        return Eligibility::NotReady;
+    }
+    Eligibility::Eligible
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::Affinity;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use serde_json::json;
+
+    use super::*;
+
+    fn taint(key: &str, value: &str, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: Some(value.into()),
+            effect: effect.into(),
+            ..Default::default()
+        }
+    }
+
+    fn node<'a>(
+        labels: &'a BTreeMap<String, String>,
+        taints: &'a [Taint],
+        alloc: &'a BTreeMap<String, Quantity>,
+        ready: bool,
+    ) -> NodeView<'a> {
+        NodeView {
+            name: "n1",
+            labels,
+            ready,
+            taints,
+            allocatable: alloc,
+        }
+    }
+
+    #[test]
+    fn toleration_rules() {
+        let t = taint("gpu", "true", "NoSchedule");
+        let tol = |v: serde_json::Value| -> Toleration { serde_json::from_value(v).unwrap() };
+        assert!(tolerates(
+            &tol(json!({"key": "gpu", "operator": "Exists"})),
+            &t
+        ));
+        assert!(tolerates(&tol(json!({"operator": "Exists"})), &t));
+        assert!(tolerates(&tol(json!({"key": "gpu", "value": "true"})), &t));
+        assert!(!tolerates(
+            &tol(json!({"key": "gpu", "value": "false"})),
+            &t
+        ));
+        assert!(!tolerates(
+            &tol(json!({"key": "gpu", "operator": "Exists", "effect": "NoExecute"})),
+            &t
+        ));
+    }
+
+    #[test]
+    fn a_not_ready_node_is_not_eligible_and_says_why() {
+        let (labels, alloc) = (BTreeMap::new(), BTreeMap::new());
+        let taints = [taint("node.kubernetes.io/not-ready", "", "NoSchedule")];
+        let n = node(&labels, &taints, &alloc, false);
+        let e = eligibility(&n, &Placement::default());
+        assert_eq!(e.reason(), "UntoleratedTaint");
+        assert!(
+            e.to_string()
+                .contains("node.kubernetes.io/not-ready=:NoSchedule"),
+            "{e}"
+        );
+        // Before the node lifecycle controller taints it, NotReady alone suffices.
+        let n = node(&labels, &[], &alloc, false);
+        assert_eq!(
+            eligibility(&n, &Placement::default()),
+            Eligibility::NotReady
+        );
+    }
+
+    #[test]
+    fn daemon_pods_tolerate_cordons_and_pressure_but_not_foreign_taints() {
+        let (labels, alloc) = (BTreeMap::new(), BTreeMap::new());
+        let taints = [
+            taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),
+            taint("node.kubernetes.io/not-ready", "", "NoExecute"),
+        ];
+        assert!(
+            eligibility(&node(&labels, &taints, &alloc, true), &Placement::default()).is_eligible()
+        );
+        let taints = [taint("gpu-maintenance", "true", "NoSchedule")];
+        assert_eq!(
+            eligibility(&node(&labels, &taints, &alloc, true), &Placement::default()),
+            Eligibility::UntoleratedTaint("gpu-maintenance=true:NoSchedule".into())
+        );
+        let prefer = [taint("soft", "x", "PreferNoSchedule")];
+        assert!(
+            eligibility(&node(&labels, &prefer, &alloc, true), &Placement::default()).is_eligible()
+        );
+    }
+
+    #[test]
+    fn node_selector_and_required_affinity() {
+        let labels: BTreeMap<String, String> = [
+            ("gpu".to_string(), "true".to_string()),
+            ("count".to_string(), "8".to_string()),
+        ]
+        .into();
+        let alloc = BTreeMap::new();
+        let n = node(&labels, &[], &alloc, true);
+        let sel: BTreeMap<String, String> = [("gpu".to_string(), "true".to_string())].into();
+        let p = Placement {
+            node_selector: Some(&sel),
+            ..Default::default()
+        };
+        assert!(is_selected(&n, &p));
+        let other: BTreeMap<String, String> = [("gpu".to_string(), "false".to_string())].into();
+        let p = Placement {
+            node_selector: Some(&other),
+            ..Default::default()
+        };
+        assert_eq!(eligibility(&n, &p), Eligibility::NotSelected);
+
+        let affinity = |terms: serde_json::Value| -> Affinity {
+            serde_json::from_value(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}})).unwrap()
+        };
+        let cases = [
+            (
+                json!([{"matchExpressions": [{"key": "count", "operator": "Gt", "values": ["4"]}]}]),
+                true,
+            ),
+            (
+                json!([{"matchExpressions": [{"key": "count", "operator": "Lt", "values": ["4"]}]}]),
+                false,
+            ),
+            (
+                json!([{"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["true"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]),
+                true,
+            ),
+            (
+                json!([{"matchExpressions": [{"key": "absent", "operator": "DoesNotExist"}]}]),
+                true,
+            ),
+            (json!([{}]), false),
+        ];
+        for (terms, want) in cases {
+            let a = affinity(terms.clone());
+            let p = Placement {
+                affinity: Some(&a),
+                ..Default::default()
+            };
+            assert_eq!(is_selected(&n, &p), want, "{terms}");
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! allocatable: per node, an extended resource (e.g. `nvidia.com/gpu`) must
+//! not drop below a floor (the baseline captured before the stage, or a
+//! number) nor exceed a ceiling (the baseline, a trusted discovery label such
+//! as `nvidia.com/gpu.count`, or a number). Catches plugins that are Ready but
+//! advertise nothing, and plugins that over-advertise.
+//!
+//! Values are Kubernetes quantities (`8`, `8k`, `2Ki`), read as whole counts.
+//! A node is judged once its new agent pod is Ready (a dip during the restart
+//! is normal), and a verdict stands only once the observation has held for the
+//! gate's soak. Every Ready node is judged even while others still start, so a
+//! violation stops further replacements at once.
+//!
+//! A node that joined the rollout on its own (a new node that got the new
+//! template from the DaemonSet controller) has no baseline: `min: baseline`
+//! then means "at least one device" and `max: baseline` sets no ceiling.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use saferollout_api::{AllocatableGate, Bound, GATE_ALLOCATABLE, GateResult, GateStatus, count_of};
+
+use super::{Snapshot, Verdict, elapsed, list_some, result};
+
+pub fn gate_name(resource: &str) -> String {
+    format!("{GATE_ALLOCATABLE}/{resource}")
+}
+
+/// A bound resolved for one node; `None` when it sets no limit there.
+fn resolve(
+    bound: &Bound,
+    baseline: Option<i64>,
+    node_label: impl Fn(&str) -> Option<i64>,
+) -> Option<i64> {
+    match bound {
+        Bound::Value(n) => Some(*n),
+        Bound::Baseline => baseline,
+        Bound::CapacityLabel(label) => node_label(label),
+    }
+}
+
+/// One node out of bounds.
+struct Violation {
+    node: String,
+    reason: &'static str,
+    observed: i64,
+    expected: String,
+}
+
+enum Observation {
+    /// No node out of bounds, but these nodes' new agent pods are not Ready yet.
+    AwaitingPods(Vec<String>),
+    InBounds,
+    /// The first violation by node name, and every violating node.
+    OutOfBounds(Violation, BTreeSet<String>),
+}
+
+fn observe(gate: &AllocatableGate, min: &Bound, max: &Bound, snap: &Snapshot) -> Observation {
+    let res = &gate.resource;
+    let mut awaiting = Vec::new();
+    let mut violations: Vec<Violation> = Vec::new();
+    for &node in snap.nodes {
+        let Some(view) = snap.node(node) else {
+            continue;
+        };
+        if !snap.target_pod(node).is_some_and(|p| p.running && p.ready) {
+            awaiting.push(node.to_string());
+            continue;
+        }
+        let observed = view.allocatable_count(res);
+        let recorded = snap.baseline.get(node).and_then(|b| b.get(res)).copied();
+        let label = |key: &str| view.label(key).and_then(count_of);
+        // A baseline of 0 means nothing was advertised before: no floor or ceiling from it.
+        let (floor, ceiling) = match recorded {
+            Some(b) => {
+                let b = Some(b).filter(|b| *b > 0);
+                (resolve(min, b, label), resolve(max, b, label))
+            }
+            None => {
+                // Joined on its own: no "before". At least one device.
+                let floor = match min {
+                    Bound::Baseline => Some(1),
+                    other => resolve(other, None, label),
+                };
+                (floor, resolve(max, None, label))
+            }
+        };
+        if let Some(min) = floor
+            && observed < min
+        {
+            violations.push(Violation {
+                node: node.to_string(),
+                reason: "BelowMinimum",
+                observed,
+                expected: format!(">= {min}"),
+            });
+        } else if let Some(max) = ceiling
+            && observed > max
+        {
+            violations.push(Violation {
+                node: node.to_string(),
+                reason: "AboveMaximum",
+                observed,
+                expected: format!("<= {max}"),
+            });
+        }
+    }
+    if !violations.is_empty() {
+        let nodes = violations.iter().map(|v| v.node.clone()).collect();
+        let first = violations.swap_remove(0);
+        return Observation::OutOfBounds(first, nodes);
+    }
+    if !awaiting.is_empty() {
+        return Observation::AwaitingPods(awaiting);
+    }
+    if snap.nodes.iter().all(|n| snap.node(n).is_none()) {
+        return Observation::AwaitingPods(Vec::new());
+    }
+    Observation::InBounds
+}
+
+pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateResult>) -> Verdict {
+    let name = gate_name(&gate.resource);
+    let soak = gate.soak.to_std().unwrap_or(Duration::from_secs(10));
+    let (min, max) = match (gate.min_bound(), gate.max_bound()) {
+        (Ok(min), Ok(max)) => (min, max),
+        (Err(e), _) | (_, Err(e)) => {
+            // The CRD's schema refuses such a bound; fail closed if one slips through.
+            return Verdict::new(result(
+                &name,
+                GateStatus::Failed,
+                "InvalidBound",
+                e.to_string(),
+            ));
+        }
+    };
+    // The observation keeps its start time while it stays the same (same reason, same node).
+    let since_for = |reason: &str, node: Option<&str>| -> Timestamp {
+        previous
+            .filter(|p| p.reason == reason && p.node.as_deref() == node)
+            .and_then(|p| p.since.as_ref().map(|t| t.0))
+            .unwrap_or(snap.now)
+    };
+    let deadline_passed = snap.deadline_passed();
+    match observe(gate, &min, &max, snap) {
+        Observation::AwaitingPods(nodes) => {
+            let message = if nodes.is_empty() {
+                "no node of the rollout to judge yet".to_string()
+            } else {
+                format!(
+                    "waiting for the new agent pod to be Ready before judging {} on {}",
+                    gate.resource,
+                    list_some(&nodes)
+                )
+            };
+            // podsReady fails for those nodes at the deadline; this gate waits.
+            let mut r = result(&name, GateStatus::Pending, "AwaitingPods", message);
+            r.since = Some(Time(since_for("AwaitingPods", None)));
+            Verdict::new(r)
+        }
+        Observation::InBounds => {
+            let since = since_for("WithinBounds", None);
+            let held = elapsed(since, snap.now);
+            let (status, reason, message) = if held >= soak {
+                (
+                    GateStatus::Passed,
+                    "WithinBounds",
+                    // No elapsed time in messages: status must not change while nothing does.
+                    format!(
+                        "{} within bounds on all {} nodes (soak {}s)",
+                        gate.resource,
+                        snap.nodes.len(),
+                        soak.as_secs()
+                    ),
+                )
+            } else if deadline_passed {
+                (
+                    GateStatus::Failed,
+                    "Unstable",
+                    format!(
+                        "{} did not stay within bounds for {}s on every node before the progress deadline (flapping)",
+                        gate.resource,
+                        soak.as_secs()
+                    ),
+                )
+            } else {
+                (
+                    GateStatus::Pending,
+                    "WithinBounds",
+                    format!(
+                        "{} within bounds on all {} nodes (soak {}s)",
+                        gate.resource,
+                        snap.nodes.len(),
+                        soak.as_secs()
+                    ),
+                )
+            };
+            let mut r = result(&name, status, reason, message);
+            r.since = Some(Time(if status == GateStatus::Failed {
+                snap.now
+            } else {
+                since
+            }));
+            Verdict {
+                recheck_after: (status == GateStatus::Pending).then(|| soak.saturating_sub(held)),
+                ..Verdict::new(r)
+            }
+        }
+        Observation::OutOfBounds(v, violating) => {
+            let since = since_for(v.reason, Some(&v.node));
+            let held = elapsed(since, snap.now);
+            let status = if held >= soak || deadline_passed {
+                GateStatus::Failed
+            } else {
+                GateStatus::Pending
+            };
+            let what = if v.reason == "BelowMinimum" {
+                "lost devices"
+            } else {
+                "over-advertises devices"
+            };
+            let mut r = result(
+                &name,
+                status,
+                v.reason,
+                format!(
+                    "node {} {what}: allocatable {} is {}, expected {} (soak {}s)",
+                    v.node,
+                    gate.resource,
+                    v.observed,
+                    v.expected,
+                    soak.as_secs()
+                ),
+            );
+            r.node = Some(v.node);
+            r.observed = Some(v.observed.to_string());
+            r.expected = Some(v.expected);
+            r.since = Some(Time(since));
+            Verdict {
+                violating,
+                recheck_after: (status == GateStatus::Pending).then(|| soak.saturating_sub(held)),
+                ..Verdict::new(r)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use saferollout_api::DurationString;
+
+    use super::super::test_support::*;
+    use super::*;
+
+    fn gate(min: &str, max: &str, soak: &str) -> AllocatableGate {
+        let bound = |s: &str| match s.parse::<i32>() {
+            Ok(n) => IntOrString::Int(n),
+            Err(_) => IntOrString::String(s.into()),
+        };
+        AllocatableGate {
+            resource: "example.com/gpu".into(),
+            min: bound(min),
+            max: bound(max),
+            soak: DurationString::new(soak),
+        }
+    }
+
+    fn eval(g: &AllocatableGate, w: &World, prev: Option<&GateResult>) -> Verdict {
+        w.with_snapshot(|s| evaluate(g, s, prev))
+    }
+
+    #[test]
+    fn passes_only_after_the_soak() {
+        let mut w = World::healthy(2, 8);
+        let g = gate("baseline", "baseline", "10s");
+        let first = eval(&g, &w, None).result;
+        assert_eq!(first.status, GateStatus::Pending);
+        assert_eq!(first.reason, "WithinBounds");
+        w.now = ts(109);
+        assert_eq!(
+            eval(&g, &w, Some(&first)).result.status,
+            GateStatus::Pending
+        );
+        w.now = ts(110);
+        assert_eq!(eval(&g, &w, Some(&first)).result.status, GateStatus::Passed);
+    }
+
+    #[test]
+    fn lost_devices_fail_after_the_soak_naming_node_and_values() {
+        let mut w = World::healthy(2, 8);
+        w.set_alloc("node-1", "0");
+        let g = gate("baseline", "baseline", "5s");
+        let first = eval(&g, &w, None);
+        assert_eq!(first.result.status, GateStatus::Pending);
+        assert_eq!(first.result.reason, "BelowMinimum");
+        assert!(
+            first.violating.contains("node-1"),
+            "a soaking violation is a violation"
+        );
+        w.now = ts(105);
+        let r = eval(&g, &w, Some(&first.result)).result;
+        assert_eq!(r.status, GateStatus::Failed);
+        assert_eq!(r.node.as_deref(), Some("node-1"));
+        assert_eq!(r.observed.as_deref(), Some("0"));
+        assert_eq!(r.expected.as_deref(), Some(">= 8"));
+        assert!(r.message.contains("lost devices"), "{}", r.message);
+    }
+
+    #[test]
+    fn quantities_in_any_notation_are_counts() {
+        // Intel's millicores: 8 GPUs advertise "8k".
+        let mut w = World::healthy(2, 8000);
+        w.set_alloc("node-0", "8k");
+        w.set_alloc("node-1", "8000");
+        let g = gate("baseline", "baseline", "0s");
+        assert_eq!(eval(&g, &w, None).result.status, GateStatus::Passed);
+        w.set_alloc("node-1", "0");
+        let v = eval(&g, &w, None);
+        assert_eq!(v.result.status, GateStatus::Failed);
+        assert_eq!(v.result.expected.as_deref(), Some(">= 8000"));
+    }
+
+    #[test]
+    fn zero_soak_fails_at_once() {
+        let mut w = World::healthy(1, 8);
+        w.set_alloc("node-0", "3");
+        let r = eval(&gate("baseline", "baseline", "0s"), &w, None).result;
+        assert_eq!(r.status, GateStatus::Failed);
+    }
+
+    #[test]
+    fn over_advertising_fails_against_baseline_and_capacity_label() {
+        let mut w = World::healthy(1, 8);
+        w.set_alloc("node-0", "16");
+        let r = eval(&gate("baseline", "baseline", "0s"), &w, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "AboveMaximum")
+        );
+        assert_eq!(r.expected.as_deref(), Some("<= 8"));
+
+        // The trusted label says 16 exist: fine. Says 4: over-advertised.
+        let labels = &mut w.node_states.get_mut("node-0").unwrap().labels;
+        labels.insert("example.com/gpu.count".into(), "16".into());
+        let g = gate("1", "capacityLabel:example.com/gpu.count", "0s");
+        assert_eq!(eval(&g, &w, None).result.status, GateStatus::Passed);
+        let labels = &mut w.node_states.get_mut("node-0").unwrap().labels;
+        labels.insert("example.com/gpu.count".into(), "4".into());
+        assert_eq!(eval(&g, &w, None).result.status, GateStatus::Failed);
+    }
+
+    #[test]
+    fn numeric_bounds() {
+        let mut w = World::healthy(1, 8);
+        assert_eq!(
+            eval(&gate("8", "8", "0s"), &w, None).result.status,
+            GateStatus::Passed
+        );
+        w.set_alloc("node-0", "7");
+        assert_eq!(
+            eval(&gate("8", "8", "0s"), &w, None).result.reason,
+            "BelowMinimum"
+        );
+    }
+
+    #[test]
+    fn a_ready_node_is_judged_while_another_still_starts() {
+        let mut w = World::healthy(2, 8);
+        w.set_alloc("node-1", "0");
+        w.pod("node-0").ready = false;
+        let v = eval(&gate("baseline", "baseline", "10s"), &w, None);
+        assert_eq!(v.result.reason, "BelowMinimum");
+        assert_eq!(v.violating.iter().collect::<Vec<_>>(), ["node-1"]);
+        // Only starting nodes: nothing judged yet.
+        w.set_alloc("node-1", "8");
+        w.pod("node-1").ready = false;
+        let r = eval(&gate("baseline", "baseline", "0s"), &w, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Pending, "AwaitingPods")
+        );
+    }
+
+    #[test]
+    fn flapping_restarts_the_soak_and_fails_at_the_deadline() {
+        let mut w = World::healthy(1, 8);
+        let g = gate("baseline", "baseline", "10s");
+        let r1 = eval(&g, &w, None).result; // in bounds since 100
+        w.now = ts(105);
+        w.set_alloc("node-0", "0");
+        let r2 = eval(&g, &w, Some(&r1)).result; // out since 105
+        assert_eq!(r2.status, GateStatus::Pending);
+        w.now = ts(108);
+        w.set_alloc("node-0", "8");
+        let r3 = eval(&g, &w, Some(&r2)).result; // in again since 108
+        w.now = ts(115);
+        let r4 = eval(&g, &w, Some(&r3)).result;
+        assert_eq!(r4.status, GateStatus::Pending, "only 7s in bounds");
+        // Without progress for the deadline, a gate that never settled fails.
+        w.without_progress = Duration::from_secs(600);
+        let r5 = eval(&g, &w, Some(&r4)).result;
+        assert_eq!(
+            (r5.status, r5.reason.as_str()),
+            (GateStatus::Failed, "Unstable")
+        );
+        w.without_progress = Duration::ZERO;
+        w.now = ts(118);
+        assert_eq!(eval(&g, &w, Some(&r4)).result.status, GateStatus::Passed);
+    }
+
+    #[test]
+    fn a_node_without_baseline_needs_at_least_one_device() {
+        let mut w = World::healthy(1, 8);
+        w.baseline.clear();
+        w.set_alloc("node-0", "8");
+        let g = gate("baseline", "baseline", "0s");
+        assert_eq!(eval(&g, &w, None).result.status, GateStatus::Passed);
+        w.set_alloc("node-0", "0");
+        let r = eval(&g, &w, None).result;
+        assert_eq!(
+            (r.status, r.expected.as_deref()),
+            (GateStatus::Failed, Some(">= 1"))
+        );
+    }
+
+    #[test]
+    fn a_zero_baseline_sets_no_bound() {
+        let mut w = World::healthy(1, 0);
+        w.set_alloc("node-0", "4");
+        assert_eq!(
+            eval(&gate("baseline", "baseline", "0s"), &w, None)
+                .result
+                .status,
+            GateStatus::Passed
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! Health gates: pure judgements of a rollout's nodes from a snapshot of the
+//! cluster. Each gate is one module exposing `evaluate(&Snapshot, ...) ->
+//! Verdict`; adding a gate is one new module plus one line in
+//! [`evaluate_all`].
+//!
+//! A gate answers Pending (not decided yet), Passed or Failed, and names the
+//! nodes whose agent violates it right now (a Ready plugin advertising
+//! nothing, a crash-looping pod), soaking or not: while any gate has such a
+//! violation the stage replaces no further pod, and when the stage fails those
+//! nodes are reverted first. Gates with a soak time only pass (or fail) once
+//! their observation has held for the whole soak: a plugin restart makes
+//! allocatable dip for a moment, and a flapping plugin must not pass on a lucky
+//! sample. A gate that has no node to judge never passes. When the progress
+//! deadline passes, every gate still pending fails.
+
+pub mod allocatable;
+pub mod pods_ready;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use saferollout_api::{GateResult, GateStatus, SafeRolloutSpec};
+
+use crate::views::{AgentPod, NodeView, NodesByName, PodsByNode};
+
+/// A stage's view of the cluster at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot<'a> {
+    /// Every node the rollout holds now (this stage and earlier ones, without
+    /// the skipped ones), sorted.
+    pub nodes: &'a [&'a str],
+    pub pods: &'a PodsByNode<'a>,
+    pub node_views: &'a NodesByName<'a>,
+    pub target_revision: &'a str,
+    /// Per node, per resource: allocatable captured before the stage touched
+    /// the node (absent for a node that joined the rollout on its own).
+    pub baseline: &'a BTreeMap<String, BTreeMap<String, i64>>,
+    /// How long the rollout has gone without progress.
+    pub without_progress: Duration,
+    /// `spec.progressDeadline`.
+    pub progress_deadline: Duration,
+    pub now: Timestamp,
+}
+
+impl<'a> Snapshot<'a> {
+    /// The live pod of the target revision on `node`.
+    pub fn target_pod(&self, node: &str) -> Option<&'a AgentPod<'a>> {
+        self.pods
+            .get(node)?
+            .iter()
+            .find(|p| !p.deleting && p.revision == self.target_revision)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&'a NodeView<'a>> {
+        self.node_views.get(name)
+    }
+
+    /// The progress deadline has passed.
+    pub fn deadline_passed(&self) -> bool {
+        self.without_progress >= self.progress_deadline
+    }
+}
+
+/// A gate's verdict: the result recorded in status and the nodes that
+/// violate the gate right now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub result: GateResult,
+    pub violating: BTreeSet<String>,
+    /// When a pending verdict may change with nothing else changing (a soak
+    /// ending): the reconciler looks again then.
+    pub recheck_after: Option<Duration>,
+}
+
+impl Verdict {
+    pub fn new(result: GateResult) -> Self {
+        Verdict {
+            result,
+            violating: BTreeSet::new(),
+            recheck_after: None,
+        }
+    }
+}
+
+pub fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    now.duration_since(since)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Runs every configured gate; results in a stable order.
+pub fn evaluate_all(
+    spec: &SafeRolloutSpec,
+    snap: &Snapshot,
+    previous: &[GateResult],
+) -> Vec<Verdict> {
+    let prev = |name: &str| previous.iter().find(|g| g.gate == name);
+    let pods_ready_deadline = spec.pods_ready_timeout().unwrap_or(snap.progress_deadline);
+    let mut verdicts = vec![pods_ready::evaluate(snap, pods_ready_deadline)];
+    for gate in spec.allocatable_gates() {
+        let name = allocatable::gate_name(&gate.resource);
+        verdicts.push(allocatable::evaluate(gate, snap, prev(&name)));
+    }
+    verdicts
+}
+
+/// The first failed gate, if any.
+pub fn first_failure(verdicts: &[Verdict]) -> Option<&GateResult> {
+    verdicts
+        .iter()
+        .map(|v| &v.result)
+        .find(|g| g.status == GateStatus::Failed)
+}
+
+pub fn all_passed(verdicts: &[Verdict]) -> bool {
+    verdicts
+        .iter()
+        .all(|v| v.result.status == GateStatus::Passed)
+}
+
+/// Every node some gate finds violated now.
+pub fn violating_nodes(verdicts: &[Verdict]) -> BTreeSet<String> {
+    verdicts
+        .iter()
+        .flat_map(|v| v.violating.iter().cloned())
+        .collect()
+}
+
+/// A result with the fields every gate fills.
+pub(crate) fn result(gate: &str, status: GateStatus, reason: &str, message: String) -> GateResult {
+    GateResult {
+        gate: gate.to_string(),
+        status,
+        reason: reason.to_string(),
+        message,
+        ..Default::default()
+    }
+}
+
+/// `a, b, c, ...` of at most five names.
+pub(crate) fn list_some<S: AsRef<str>>(names: &[S]) -> String {
+    let shown: Vec<&str> = names.iter().take(5).map(AsRef::as_ref).collect();
+    let more = if names.len() > shown.len() {
+        ", ..."
+    } else {
+        ""
+    };
+    format!("{}{more}", shown.join(", "))
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+
+    pub fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    /// A pod as the tests describe it, owning its strings.
+    #[derive(Debug, Clone)]
+    pub struct TestPod {
+        pub name: String,
+        pub node: String,
+        pub revision: String,
+        pub running: bool,
+        pub ready: bool,
+        pub deleting: bool,
+        pub waiting_reason: Option<String>,
+        pub restarts: i32,
+    }
+
+    pub fn ready_pod(node: &str, revision: &str) -> TestPod {
+        TestPod {
+            name: format!("agent-{node}"),
+            node: node.into(),
+            revision: revision.into(),
+            running: true,
+            ready: true,
+            deleting: false,
+            waiting_reason: None,
+            restarts: 0,
+        }
+    }
+
+    /// A node as the tests describe it.
+    #[derive(Debug, Clone, Default)]
+    pub struct TestNode {
+        pub labels: BTreeMap<String, String>,
+        pub allocatable: BTreeMap<String, Quantity>,
+    }
+
+    /// Owns the data a [`Snapshot`] borrows.
+    pub struct World {
+        pub nodes: Vec<String>,
+        pub pods: BTreeMap<String, Vec<TestPod>>,
+        pub node_states: BTreeMap<String, TestNode>,
+        pub baseline: BTreeMap<String, BTreeMap<String, i64>>,
+        pub now: Timestamp,
+        pub without_progress: Duration,
+    }
+
+    impl World {
+        /// `n` nodes, each with a Ready target-revision pod and `gpus` allocatable (also the baseline).
+        pub fn healthy(n: usize, gpus: i64) -> Self {
+            let nodes: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
+            let mut w = World {
+                nodes: nodes.clone(),
+                pods: BTreeMap::new(),
+                node_states: BTreeMap::new(),
+                baseline: BTreeMap::new(),
+                now: ts(100),
+                without_progress: Duration::ZERO,
+            };
+            for n in &nodes {
+                w.pods.insert(n.clone(), vec![ready_pod(n, "new")]);
+                w.set_alloc(n, &gpus.to_string());
+                w.baseline.insert(
+                    n.clone(),
+                    BTreeMap::from([("example.com/gpu".to_string(), gpus)]),
+                );
+            }
+            w
+        }
+
+        pub fn set_alloc(&mut self, node: &str, quantity: &str) {
+            self.node_states
+                .entry(node.to_string())
+                .or_default()
+                .allocatable
+                .insert("example.com/gpu".into(), Quantity(quantity.into()));
+        }
+
+        pub fn pod(&mut self, node: &str) -> &mut TestPod {
+            &mut self.pods.get_mut(node).unwrap()[0]
+        }
+
+        /// Borrows the world as views and runs `f` on its snapshot.
+        pub fn with_snapshot<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
+            let pods: PodsByNode = self
+                .pods
+                .iter()
+                .map(|(node, ps)| {
+                    let views = ps
+                        .iter()
+                        .map(|p| AgentPod {
+                            name: &p.name,
+                            uid: &p.name,
+                            resource_version: "1",
+                            node: &p.node,
+                            revision: &p.revision,
+                            running: p.running,
+                            ready: p.ready,
+                            deleting: p.deleting,
+                            waiting_reason: p.waiting_reason.as_deref(),
+                            waiting_message: None,
+                            restarts: p.restarts,
+                        })
+                        .collect();
+                    (node.as_str(), views)
+                })
+                .collect();
+            let node_views: NodesByName = self
+                .node_states
+                .iter()
+                .map(|(name, n)| {
+                    (
+                        name.as_str(),
+                        NodeView {
+                            name,
+                            labels: &n.labels,
+                            ready: true,
+                            taints: &[],
+                            allocatable: &n.allocatable,
+                        },
+                    )
+                })
+                .collect();
+            let nodes: Vec<&str> = self
+                .nodes
+                .iter()
+                .map(String::as_str)
+                .filter(|n| self.node_states.contains_key(*n))
+                .collect();
+            let snap = Snapshot {
+                nodes: &nodes,
+                pods: &pods,
+                node_views: &node_views,
+                target_revision: "new",
+                baseline: &self.baseline,
+                without_progress: self.without_progress,
+                progress_deadline: Duration::from_secs(600),
+                now: self.now,
+            };
+            f(&snap)
+        }
+    }
+}

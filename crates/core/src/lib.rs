@@ -1,0 +1,31 @@
+//! saferollout's pure decision logic, shared by the operator and
+//! `kubectl saferollout`. Nothing here calls the API or reads a clock: each
+//! function takes what was observed and returns a decision, so every rule is
+//! tested exhaustively without a cluster (unit tests, and property tests of
+//! the state machine against a model of the DaemonSet controller and kubelets).
+//!
+//! - [`views`]: what the logic sees of pods, nodes and the DaemonSet, borrowed
+//!   from the API objects (no copies of labels or specs per decision).
+//! - [`eligibility`]: which nodes the DaemonSet covers and which of them may
+//!   have their agent replaced now (Ready, taints tolerated, still selected).
+//! - [`revision`]: which DaemonSet revision a template is, by content.
+//! - [`plan`]: which nodes each stage takes.
+//! - [`gates`]: the health gates.
+//! - [`rollout`]: the state machine: status and actions from a snapshot.
+//! - [`expectations`]: the operator's own writes its caches do not show yet.
+//! - [`conditions`]: kstatus-compatible conditions.
+//! - [`preflight`]: the cluster-side preflight checks and when they run.
+//! - [`transitions`]: what changed between two statuses (for metrics).
+
+pub mod conditions;
+pub mod eligibility;
+pub mod expectations;
+pub mod gates;
+pub mod plan;
+pub mod preflight;
+pub mod revision;
+pub mod rollout;
+pub mod transitions;
+pub mod views;
+
+pub use rollout::{Action, Decision, Observed, decide};

@@ -1,0 +1,457 @@
+//! The rollout state machine: from what the cluster looks like now and what the
+//! SafeRollout's status recorded so far, decide the next status and the
+//! actions that bring the cluster one step closer to it.
+//!
+//! Pure: no API calls, no clock. The reconciler persists the returned status
+//! FIRST and then performs the actions. Every action is derived again, on each
+//! pass, from status and the cluster (labels a stage's nodes should carry,
+//! pods still on another revision, a template still to restore), so a crash or
+//! a lost write at any point repeats an idempotent action or waits for what is
+//! missing; nothing is remembered only in memory and nothing is predicted.
+//!
+//! One pass, in order ([`decide`]):
+//! 1. refuse a DaemonSet another SafeRollout owns; report a missing one;
+//! 2. take over the DaemonSet's updates (`OnDelete`);
+//! 3. know which revision the DaemonSet is on (by template content) and back
+//!    up the stable one before anything changes;
+//! 4. apply a retry request, then `spec.template` (GitOps mode);
+//! 5. then one of: converge every node on the stable revision ([`settle`]),
+//!    restore the stable template over a blocked revision, or take the new
+//!    revision through its stages ([`stage`]).
+//!
+//! Safety rules every path keeps (the property tests check them on random
+//! interleavings, `tests/properties.rs` in this module):
+//! - at most `maxUnavailable` of the rollout's agents are missing or not Ready
+//!   because of the operator ([`replace`]); nodes whose agent itself failed a
+//!   gate are the one exception, and are reverted at once;
+//! - a pod is deleted only on a node the DaemonSet controller will refill
+//!   ([`crate::eligibility`]);
+//! - no stage passes without judging every node it holds, and a gate that
+//!   judged nothing has not passed;
+//! - a blocked revision is never rolled, and the last good template is backed
+//!   up before anything changes.
+
+mod gitops;
+mod phase;
+mod replace;
+mod settle;
+mod stage;
+
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod properties;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use saferollout_api::{
+    PreflightStatus, RETRY_ANNOTATION, SafeRolloutSpec, SafeRolloutStatus, resolve_count,
+};
+
+use crate::eligibility::eligibility;
+use crate::views::{AgentPod, DaemonSetView, NodesByName, PodsByNode};
+
+pub use phase::set_stalled;
+
+/// Requests a person made through annotations on the SafeRollout.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Requests<'a> {
+    /// `saferollout.dev/retry`: a revision (or spec.template hash) to unblock.
+    pub retry: Option<&'a str>,
+    /// `saferollout.dev/approve`: `<revision>:<stage index>`.
+    pub approve: Option<&'a str>,
+    /// `saferollout.dev/abort`: a target revision to revert now.
+    pub abort: Option<&'a str>,
+}
+
+/// `spec.template` (GitOps mode), as the reconciler found it.
+#[derive(Debug, Clone, Copy)]
+pub struct SpecTemplate<'a> {
+    /// Hash of `spec.template` ([`crate::revision::template_hash`]).
+    pub hash: &'a str,
+    /// The DaemonSet's template already equals `spec.template` once the API
+    /// server has defaulted it (a server-side dry run of the write changed
+    /// nothing).
+    pub in_place: bool,
+}
+
+/// Everything the machine decides from.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    pub spec: &'a SafeRolloutSpec,
+    pub generation: Option<i64>,
+    pub status: &'a SafeRolloutStatus,
+    pub requests: Requests<'a>,
+    /// The older SafeRollout (by name) that already targets the same
+    /// DaemonSet: then this one touches nothing.
+    pub owned_by_other: Option<&'a str>,
+    /// Preflight results computed now for the DaemonSet's current revision, if asked.
+    pub preflight: Option<&'a PreflightStatus>,
+    /// `None` when the target DaemonSet does not exist.
+    pub daemonset: Option<&'a DaemonSetView<'a>>,
+    /// `None` in DaemonSet-edit mode.
+    pub spec_template: Option<SpecTemplate<'a>>,
+    /// The revision our last-good backup holds, if the backup exists.
+    pub backup_revision: Option<&'a str>,
+    /// The DaemonSet's agent pods, by node.
+    pub pods: &'a PodsByNode<'a>,
+    /// Every node of the cluster, by name.
+    pub nodes: &'a NodesByName<'a>,
+    /// This SafeRollout's value of the `saferollout.dev/rollout` node label.
+    pub rollout_id: &'a str,
+    pub now: Timestamp,
+}
+
+/// A pod to delete; the UID is a precondition of the delete, so a pod the
+/// DaemonSet controller has already recreated under the same name is never
+/// deleted by a stale decision.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRef {
+    pub name: String,
+    pub uid: String,
+    pub node: String,
+    /// Also a precondition when set: the pod is deleted only if it has not
+    /// changed since the decision saw it. Set on deletions the budget did not
+    /// pay for because the pod was not Ready: if it became Ready meanwhile
+    /// (the cache lagged), deleting it would disrupt a serving agent unpaid.
+    pub unchanged_since: Option<String>,
+}
+
+impl PodRef {
+    fn of(p: &AgentPod, paid: bool) -> Self {
+        PodRef {
+            name: p.name.to_string(),
+            uid: p.uid.to_string(),
+            node: p.node.to_string(),
+            unchanged_since: (!paid).then(|| p.resource_version.to_string()),
+        }
+    }
+}
+
+/// A change to the cluster, performed after the status is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Set the DaemonSet's update strategy to OnDelete.
+    TakeOverUpdates,
+    /// Copy the DaemonSet's template of `revision` into the last-good backup.
+    BackupTemplate { revision: String },
+    /// Write `spec.template` to the DaemonSet.
+    ApplySpecTemplate,
+    /// Write the last-good backup's template back to the DaemonSet.
+    RestoreLastGood,
+    /// Label nodes as taken by `stage`.
+    LabelNodes { nodes: Vec<String>, stage: usize },
+    /// Remove this rollout's labels from these nodes.
+    UnlabelNodes { nodes: Vec<String> },
+    /// Delete these agent pods so the DaemonSet controller recreates them.
+    DeletePods { pods: Vec<PodRef> },
+    Event {
+        warning: bool,
+        reason: String,
+        message: String,
+    },
+}
+
+/// The machine's answer.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub status: SafeRolloutStatus,
+    pub actions: Vec<Action>,
+    /// Reconcile again after this long even if nothing changes (soak and deadline timers).
+    pub requeue_after: Option<Duration>,
+}
+
+/// The `saferollout.dev/approve` value that approves stage `index` of `revision`.
+pub fn approval_value(revision: &str, index: usize) -> String {
+    format!("{revision}:{index}")
+}
+
+pub fn is_blocked(st: &SafeRolloutStatus, revision: &str) -> bool {
+    st.blocked_revisions.iter().any(|b| b.revision == revision)
+}
+
+fn is_source_blocked(st: &SafeRolloutStatus, source: &str) -> bool {
+    st.blocked_revisions
+        .iter()
+        .any(|b| b.template_hash.as_deref() == Some(source))
+}
+
+/// One pass of the machine.
+pub fn decide(o: &Observed) -> Decision {
+    let mut st = o.status.clone();
+    let mut actions = Vec::new();
+    st.observed_generation = o.generation;
+    let requeue_after = step(o, &mut st, &mut actions);
+    if st.phase != o.status.phase {
+        st.phase_transition_time = Some(Time(o.now));
+    }
+    Decision {
+        status: st,
+        actions,
+        requeue_after,
+    }
+}
+
+fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> Option<Duration> {
+    if let Some(owner) = o.owned_by_other {
+        phase::stalled(
+            st,
+            o,
+            st.phase.unwrap_or_default(),
+            "TargetConflict",
+            format!(
+                "DaemonSet {:?} is already rolled out by SafeRollout {owner:?} in this namespace; \
+                 this one changes nothing while that one exists",
+                o.spec.target_ref.name
+            ),
+        );
+        return None;
+    }
+    let Some(ds) = o.daemonset else {
+        phase::stalled(
+            st,
+            o,
+            saferollout_api::Phase::Pending,
+            "TargetNotFound",
+            format!(
+                "DaemonSet {:?} not found in this namespace",
+                o.spec.target_ref.name
+            ),
+        );
+        return None; // the DaemonSet watch wakes us when it appears
+    };
+    if !take_over(o, st, actions, ds) {
+        return None;
+    }
+    let Some(current) = ds.current_revision.filter(|_| ds.is_observed()) else {
+        // The DaemonSet controller has not recorded the template yet. A rollout
+        // or revert in flight keeps its phase meanwhile.
+        phase::keep_working(
+            st,
+            o,
+            "WaitingForDaemonSet",
+            "waiting for the DaemonSet controller",
+        );
+        return None;
+    };
+    // (No requeue while the backup is recorded: its watch event wakes us.)
+    let stable = ensure_backup(o, st, actions, ds, current)?;
+    // A node brought back to the stable revision is done once its agent serves.
+    st.converging_nodes
+        .retain(|n| o.nodes.contains_key(n.as_str()) && !replace::is_available(o.pods, n));
+    handle_retry(o, st, actions);
+    if let Some(t) = o.spec_template
+        && let Some(wait) = gitops::apply_spec_template(o, st, actions, current, &stable, t)
+    {
+        return wait;
+    }
+    if current == stable {
+        return settle::settle(o, st, actions, ds, &stable);
+    }
+    if is_blocked(st, current) {
+        restore_blocked(o, st, actions, current, &stable);
+        return None;
+    }
+    stage::roll(o, st, actions, ds, current)
+}
+
+/// Takes over the DaemonSet's updates, remembering how it was set; false
+/// while the DaemonSet is not on OnDelete yet.
+fn take_over(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    ds: &DaemonSetView,
+) -> bool {
+    if st.original_update_strategy.is_none() {
+        st.original_update_strategy = Some(ds.update_strategy.cloned().unwrap_or_default());
+    }
+    if ds.is_on_delete() {
+        return true;
+    }
+    actions.push(Action::TakeOverUpdates);
+    phase::working(
+        st,
+        o,
+        saferollout_api::Phase::Pending,
+        "TakingOver",
+        "setting the DaemonSet's updateStrategy to OnDelete".into(),
+    );
+    false
+}
+
+/// The stable revision, once its template is backed up; `None` (after asking
+/// for the backup, or reporting that none can exist) until then.
+fn ensure_backup(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    ds: &DaemonSetView,
+    current: &str,
+) -> Option<String> {
+    let stable = st
+        .stable_revision
+        .get_or_insert_with(|| adopt_stable(o.pods, current))
+        .clone();
+    if o.backup_revision == Some(stable.as_str()) {
+        return Some(stable);
+    }
+    if ds.knows(&stable) {
+        // Nothing changes before the last good template is recorded.
+        actions.push(Action::BackupTemplate {
+            revision: stable.clone(),
+        });
+        phase::keep_working(
+            st,
+            o,
+            "RecordingLastGood",
+            &format!("recording revision {stable} as the last good template"),
+        );
+        return None;
+    }
+    phase::stalled(
+        st,
+        o,
+        saferollout_api::Phase::Failed,
+        "NoLastGoodTemplate",
+        format!(
+            "the DaemonSet no longer has revision {stable} and no backup of it exists; refusing to change anything"
+        ),
+    );
+    None
+}
+
+/// The revision most live agent pods run: the stable one when first adopting a DaemonSet.
+fn adopt_stable(pods: &PodsByNode, current: &str) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in pods.values().flatten().filter(|p| !p.deleting) {
+        *counts.entry(p.revision).or_default() += 1;
+    }
+    counts
+        .iter()
+        .max_by_key(|(rev, n)| (**n, **rev == current))
+        .map(|(r, _)| r.to_string())
+        .unwrap_or_else(|| current.to_string())
+}
+
+/// A person asked to retry a blocked revision (or spec.template hash).
+fn handle_retry(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) {
+    let Some(retry) = o.requests.retry else {
+        return;
+    };
+    if st.last_retry.as_deref() == Some(retry) {
+        return;
+    }
+    st.last_retry = Some(retry.to_string());
+    let before = st.blocked_revisions.len();
+    st.blocked_revisions
+        .retain(|b| b.revision != retry && b.template_hash.as_deref() != Some(retry));
+    if st.blocked_revisions.len() != before {
+        phase::event(
+            actions,
+            false,
+            "RetryRequested",
+            format!("revision {retry} unblocked by the {RETRY_ANNOTATION} annotation"),
+        );
+    }
+}
+
+/// A blocked revision is on the DaemonSet: written again by a person or Helm,
+/// or the restore after a failed gate has not landed yet. Never roll it.
+fn restore_blocked(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    current: &str,
+    stable: &str,
+) {
+    actions.push(Action::RestoreLastGood);
+    if st.target_revision.as_deref() == Some(current) {
+        // The revert under way: its phase stands while the restore lands.
+        phase::keep_working(
+            st,
+            o,
+            "RollingBack",
+            &format!("restoring revision {stable} over revision {current}"),
+        );
+        return;
+    }
+    let msg = format!(
+        "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation); restoring {stable}"
+    );
+    phase::stalled(
+        st,
+        o,
+        saferollout_api::Phase::Degraded,
+        "BlockedRevision",
+        msg,
+    );
+}
+
+/// The disruption budget: `maxUnavailable` resolved against the nodes the
+/// DaemonSet covers (rounded down, at least 1).
+fn max_unavailable(o: &Observed, ds: &DaemonSetView) -> usize {
+    let covered = o
+        .nodes
+        .values()
+        .filter(|n| eligibility(n, &ds.placement).is_eligible())
+        .count();
+    resolve_count(&o.spec.max_unavailable, covered.max(1), false)
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Records progress of `subject` (more nodes done than ever before resets the
+/// clock; another subject starts afresh) and returns how long it has gone
+/// without progress.
+fn record_progress(
+    st: &mut SafeRolloutStatus,
+    subject: String,
+    nodes: usize,
+    now: Timestamp,
+) -> Duration {
+    let nodes = nodes as i32;
+    match &mut st.progress {
+        Some(p) if p.subject == subject => {
+            if nodes > p.nodes {
+                p.nodes = nodes;
+                p.last_progress_time = Time(now);
+            }
+        }
+        other => {
+            *other = Some(saferollout_api::Progress {
+                subject,
+                nodes,
+                last_progress_time: Time(now),
+            });
+        }
+    }
+    let since = st
+        .progress
+        .as_ref()
+        .map(|p| p.last_progress_time.0)
+        .unwrap_or(now);
+    crate::gates::elapsed(since, now)
+}
+
+/// `spec.progressDeadline`; the schema rejects malformed durations, a default
+/// stands in for one that slipped through.
+fn progress_deadline(o: &Observed) -> Duration {
+    o.spec
+        .progress_deadline_duration()
+        .unwrap_or(Duration::from_secs(600))
+}
+
+/// The nodes carrying this rollout's label now, with their stage label.
+fn labelled_nodes<'a>(o: &Observed<'a>) -> BTreeMap<&'a str, Option<&'a str>> {
+    o.nodes
+        .values()
+        .filter(|n| n.label(saferollout_api::ROLLOUT_LABEL) == Some(o.rollout_id))
+        .map(|n| (n.name, n.label(saferollout_api::STAGE_LABEL)))
+        .collect()
+}

@@ -1,0 +1,995 @@
+//! A model of the cluster the state machine drives, for its unit and property
+//! tests: the DaemonSet controller (creates a missing agent pod on a node it
+//! covers, after the old one has terminated, from the DaemonSet's current
+//! template, with a delay), the kubelets and agents (pods start, become Ready
+//! or crash as their release dictates; a device plugin advertises what its
+//! release advertises; terminating pods take a while to go), nodes (NotReady,
+//! tainted, deleted, joining), and the operator's runtime around
+//! [`decide`]: caches that lag behind the cluster (each resource on its own,
+//! never going backwards), its memory of its own writes
+//! ([`Expectations`]), the DaemonSet write guarded by generation, status
+//! written before the actions, and writes that get lost.
+//!
+//! Everything is deterministic given the inputs; randomness comes from the
+//! property tests' choices.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
+use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use saferollout_api::{
+    AllocatableGate, Gates, ROLLOUT_LABEL, STAGE_LABEL, SafeRolloutSpec, SafeRolloutStatus,
+    StageState, ZONE_LABEL,
+};
+
+use super::{Action, Decision, Observed, Requests, SpecTemplate, decide};
+use crate::eligibility::eligibility;
+use crate::expectations::Expectations;
+use crate::views::{AgentPod, DaemonSetView, NodeView, NodesByName, Placement, PodsByNode};
+
+pub const GPUS: i64 = 8;
+pub const RESOURCE: &str = "example.com/gpu";
+const ROLLOUT_ID: &str = "ns.plugin";
+/// The label the model DaemonSet selects nodes by.
+pub const GPU_NODE_LABEL: &str = "gpu";
+
+/// How a release behaves once its pod runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    Healthy,
+    /// Ready, advertises nothing.
+    Broken,
+    /// Ready, advertises twice the devices.
+    Overcount,
+    /// Never runs: CrashLoopBackOff.
+    Crashloop,
+    /// Runs, never Ready.
+    Unready,
+    /// Healthy on zone-a nodes, advertises nothing on zone-b nodes: passes the
+    /// canary (zone-a), fails a later stage.
+    BrokenInZoneB,
+    /// Healthy for this many seconds after its pod starts, then advertises nothing.
+    BreaksAfter(i64),
+    /// Advertises the count and nothing in turn, every this many seconds.
+    Flap(i64),
+}
+
+impl Release {
+    /// Devices a Ready pod of this release advertises on `node` at `age` seconds.
+    fn advertises(self, zone: &str, age: i64) -> i64 {
+        match self {
+            Release::Healthy | Release::Unready => GPUS,
+            Release::Broken | Release::Crashloop => 0,
+            Release::Overcount => 2 * GPUS,
+            Release::BrokenInZoneB => {
+                if zone == "zone-b" {
+                    0
+                } else {
+                    GPUS
+                }
+            }
+            Release::BreaksAfter(t) => {
+                if age < t {
+                    GPUS
+                } else {
+                    0
+                }
+            }
+            Release::Flap(p) => {
+                if (age / p.max(1)) % 2 == 0 {
+                    GPUS
+                } else {
+                    0
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub ready: bool,
+    pub taints: Vec<Taint>,
+    pub allocatable: BTreeMap<String, Quantity>,
+    /// Seconds since the node's plugin stopped serving (allocatable drops to
+    /// 0 a second later, as the kubelet device manager does).
+    pub unserved_for: i64,
+}
+
+impl MNode {
+    fn zone(&self) -> &str {
+        self.labels
+            .get(ZONE_LABEL)
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MPod {
+    pub name: String,
+    pub uid: String,
+    pub node: String,
+    pub revision: String,
+    /// Seconds since the pod was created.
+    pub age: i64,
+    pub running: bool,
+    pub ready: bool,
+    pub waiting: Option<String>,
+    pub restarts: i32,
+    /// Seconds left before a terminating pod is gone.
+    pub terminating: Option<i64>,
+    /// Changes with every change of the pod's state (its resourceVersion).
+    pub version: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct MDaemonSet {
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub strategy: String,
+    /// The revision whose template the DaemonSet carries.
+    pub template: String,
+    /// Recorded revisions (ControllerRevisions) and their numbers.
+    pub revisions: BTreeMap<String, i64>,
+}
+
+/// The cluster as it is (and, lagging, as the caches show it).
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub nodes: BTreeMap<String, MNode>,
+    pub pods: BTreeMap<String, MPod>,
+    pub ds: MDaemonSet,
+    /// The revision the last-good backup holds.
+    pub backup: Option<String>,
+}
+
+/// How many seconds behind the cluster each cache is for the next pass.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lag {
+    pub pods: usize,
+    pub nodes: usize,
+    pub daemonset: usize,
+}
+
+/// A write the model refuses (guard failed) or drops (lost).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Losses {
+    /// The status write fails: nothing of the pass happens.
+    pub status: bool,
+    /// The first action of the pass that changes the cluster (after the
+    /// status write) is lost.
+    pub first_action: bool,
+}
+
+pub struct Model {
+    pub spec: SafeRolloutSpec,
+    pub status: SafeRolloutStatus,
+    pub cluster: Cluster,
+    /// Cluster states of the last seconds, newest last: what lagging caches show.
+    history: Vec<Cluster>,
+    /// What each cache showed last (caches never go backwards).
+    shown: [usize; 3],
+    pub expectations: Expectations,
+    pub releases: BTreeMap<String, Release>,
+    pub retry: Option<String>,
+    pub approve: Option<String>,
+    pub abort: Option<String>,
+    /// `spec.template`'s hash (GitOps mode); its revision is `spec-<hash>`.
+    pub spec_hash: Option<String>,
+    pub now: Timestamp,
+    counter: usize,
+    pub actions_log: Vec<Action>,
+    /// Nodes whose Ready agent the operator deleted and that have not served
+    /// since (the disruption the budget limits).
+    pub disrupted: BTreeSet<String>,
+    /// Per revision: the nodes that ever got a pod of it.
+    pub touched: BTreeMap<String, BTreeSet<String>>,
+    /// Per stage index: most nodes seen on the target at once.
+    pub max_on_target: BTreeMap<usize, usize>,
+    /// Violations of the safety rules seen so far.
+    pub violations: Vec<String>,
+    /// The last passes, for a failing test's message.
+    pub trace: Vec<String>,
+    /// The budget (`maxUnavailable` resolved against the covered nodes) the
+    /// last pass that deleted pods decided with: a percentage shrinks when
+    /// nodes go NotReady, which the operator cannot undo.
+    budget_at_last_delete: usize,
+}
+
+impl Model {
+    /// `nodes` GPU nodes, alternating zones, each running a Ready `v1` agent.
+    pub fn new(nodes: usize) -> Self {
+        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
+        spec.gates = Some(Gates {
+            allocatable: vec![AllocatableGate::new(RESOURCE)],
+            ..Default::default()
+        });
+        let mut m = Model {
+            spec,
+            status: SafeRolloutStatus::default(),
+            cluster: Cluster {
+                nodes: BTreeMap::new(),
+                pods: BTreeMap::new(),
+                ds: MDaemonSet {
+                    generation: 1,
+                    observed_generation: 1,
+                    strategy: "RollingUpdate".into(),
+                    template: "v1".into(),
+                    revisions: BTreeMap::from([("v1".to_string(), 1)]),
+                },
+                backup: None,
+            },
+            history: Vec::new(),
+            shown: [0; 3],
+            expectations: Expectations::default(),
+            releases: BTreeMap::from([("v1".to_string(), Release::Healthy)]),
+            retry: None,
+            approve: None,
+            abort: None,
+            spec_hash: None,
+            now: Timestamp::from_second(1_800_000_000).unwrap(),
+            counter: 0,
+            actions_log: Vec::new(),
+            disrupted: BTreeSet::new(),
+            touched: BTreeMap::new(),
+            max_on_target: BTreeMap::new(),
+            violations: Vec::new(),
+            trace: Vec::new(),
+            budget_at_last_delete: 0,
+        };
+        for i in 0..nodes {
+            m.add_node(&format!("node-{i:02}"), i);
+        }
+        for name in m.cluster.nodes.keys().cloned().collect::<Vec<_>>() {
+            m.create_pod(&name, "v1");
+            let p = m
+                .cluster
+                .pods
+                .values_mut()
+                .find(|p| p.node == name)
+                .unwrap();
+            p.running = true;
+            p.ready = true;
+            p.age = 100;
+        }
+        m.advertise();
+        m.history.push(m.cluster.clone());
+        m
+    }
+
+    pub fn add_node(&mut self, name: &str, i: usize) {
+        let labels = BTreeMap::from([
+            (
+                ZONE_LABEL.to_string(),
+                if i.is_multiple_of(2) {
+                    "zone-a"
+                } else {
+                    "zone-b"
+                }
+                .to_string(),
+            ),
+            (GPU_NODE_LABEL.to_string(), "true".to_string()),
+        ]);
+        self.cluster.nodes.insert(
+            name.to_string(),
+            MNode {
+                name: name.to_string(),
+                labels,
+                ready: true,
+                taints: Vec::new(),
+                allocatable: BTreeMap::new(),
+                unserved_for: 0,
+            },
+        );
+    }
+
+    fn create_pod(&mut self, node: &str, revision: &str) {
+        self.counter += 1;
+        let uid = format!("uid-{}", self.counter);
+        self.touched
+            .entry(revision.to_string())
+            .or_default()
+            .insert(node.to_string());
+        self.cluster.pods.insert(
+            uid.clone(),
+            MPod {
+                name: format!("plugin-{}", self.counter),
+                uid,
+                node: node.to_string(),
+                revision: revision.to_string(),
+                age: 0,
+                running: false,
+                ready: false,
+                waiting: None,
+                restarts: 0,
+                terminating: None,
+                version: "0".into(),
+            },
+        );
+    }
+
+    /// A person (or Helm) writes the template of `revision` to the DaemonSet.
+    pub fn write_revision(&mut self, revision: &str, release: Release) {
+        self.releases.insert(revision.into(), release);
+        self.cluster.ds.template = revision.into();
+        self.cluster.ds.generation += 1;
+    }
+
+    /// Makes a node NotReady (the node lifecycle controller taints it) or Ready again.
+    pub fn set_node_ready(&mut self, node: &str, ready: bool) {
+        if let Some(n) = self.cluster.nodes.get_mut(node) {
+            n.ready = ready;
+            n.taints
+                .retain(|t| !t.key.starts_with("node.kubernetes.io/not-ready"));
+            if !ready {
+                for effect in ["NoSchedule", "NoExecute"] {
+                    n.taints.push(Taint {
+                        key: "node.kubernetes.io/not-ready".into(),
+                        effect: effect.into(),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
+
+    pub fn delete_node(&mut self, node: &str) {
+        self.cluster.nodes.remove(node);
+        self.cluster.pods.retain(|_, p| p.node != node);
+        self.disrupted.remove(node);
+    }
+
+    fn eligible_truth(&self, node: &MNode) -> bool {
+        let sel = BTreeMap::from([(GPU_NODE_LABEL.to_string(), "true".to_string())]);
+        let placement = Placement {
+            node_selector: Some(&sel),
+            ..Default::default()
+        };
+        eligibility(&node_view(node), &placement).is_eligible()
+    }
+
+    /// One second of the cluster: the DaemonSet controller, the kubelets and
+    /// the agents move.
+    pub fn advance(&mut self) {
+        self.now += SignedDuration::from_secs(1);
+        let ds = &mut self.cluster.ds;
+        if ds.observed_generation < ds.generation {
+            ds.observed_generation = ds.generation;
+            let next = ds.revisions.values().max().copied().unwrap_or(0) + 1;
+            // A template seen before keeps its hash and gets the newest number.
+            ds.revisions.insert(ds.template.clone(), next);
+        }
+        // Terminating pods go.
+        for p in self.cluster.pods.values_mut() {
+            if let Some(t) = p.terminating.as_mut() {
+                *t -= 1;
+            }
+        }
+        self.cluster
+            .pods
+            .retain(|_, p| p.terminating.is_none_or(|t| t > 0));
+        // Kubelets: pods start, become Ready or crash.
+        let releases = self.releases.clone();
+        for p in self
+            .cluster
+            .pods
+            .values_mut()
+            .filter(|p| p.terminating.is_none())
+        {
+            let before = (p.running, p.ready, p.waiting.clone());
+            p.age += 1;
+            let release = releases
+                .get(&p.revision)
+                .copied()
+                .unwrap_or(Release::Healthy);
+            match release {
+                Release::Crashloop => {
+                    if p.age >= 2 {
+                        p.waiting = Some("CrashLoopBackOff".into());
+                        p.restarts = (p.age / 2) as i32;
+                    }
+                }
+                Release::Unready => p.running = p.age >= 1,
+                _ => {
+                    p.running = p.age >= 1;
+                    p.ready = p.age >= 2;
+                }
+            }
+            if before != (p.running, p.ready, p.waiting.clone()) {
+                p.version = format!("{}", p.version.parse::<u64>().unwrap_or(0) + 1);
+            }
+        }
+        // The DaemonSet controller: a pod on every covered node without one,
+        // once the old one has terminated, only with updates OnDelete.
+        let covered: Vec<String> = self
+            .cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .map(|n| n.name.clone())
+            .collect();
+        for node in covered {
+            let has_pod = self.cluster.pods.values().any(|p| p.node == node);
+            if !has_pod {
+                let template = self.cluster.ds.template.clone();
+                self.create_pod(&node, &template);
+            }
+        }
+        self.advertise();
+        // A node that stops being covered (NotReady, tainted, gone) leaves the
+        // budget: the DaemonSet controller does not count it either, and its
+        // agent comes back when the node does, outside the operator's hands.
+        let covered: BTreeSet<String> = self
+            .cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .map(|n| n.name.clone())
+            .collect();
+        self.disrupted.retain(|n| covered.contains(n));
+        // A node whose agent serves again is no longer disrupted.
+        let serving: BTreeSet<String> = self
+            .cluster
+            .pods
+            .values()
+            .filter(|p| p.terminating.is_none() && p.running && p.ready)
+            .map(|p| p.node.clone())
+            .collect();
+        self.disrupted.retain(|n| !serving.contains(n));
+        self.history.push(self.cluster.clone());
+        if self.history.len() > 8 {
+            self.history.remove(0);
+            for s in &mut self.shown {
+                *s = s.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Device plugins: allocatable follows the Ready agent's release.
+    fn advertise(&mut self) {
+        let pods: Vec<MPod> = self.cluster.pods.values().cloned().collect();
+        for node in self.cluster.nodes.values_mut() {
+            let serving = pods
+                .iter()
+                .find(|p| p.node == node.name && p.terminating.is_none() && p.running && p.ready);
+            let count = match serving {
+                Some(p) => {
+                    node.unserved_for = 0;
+                    let release = self
+                        .releases
+                        .get(&p.revision)
+                        .copied()
+                        .unwrap_or(Release::Healthy);
+                    release.advertises(node.zone(), p.age)
+                }
+                None => {
+                    node.unserved_for += 1;
+                    if node.unserved_for > 1 {
+                        0
+                    } else {
+                        continue;
+                    }
+                }
+            };
+            node.allocatable
+                .insert(RESOURCE.to_string(), Quantity(count.to_string()));
+        }
+    }
+
+    fn cache(&mut self, which: usize, lag: usize) -> Cluster {
+        let newest = self.history.len() - 1;
+        let pick = newest
+            .saturating_sub(lag)
+            .max(self.shown[which])
+            .min(newest);
+        self.shown[which] = pick;
+        self.history[pick].clone()
+    }
+
+    /// Drops the caches' lag and the operator's memory: a restarted operator.
+    pub fn restart_operator(&mut self) {
+        self.expectations = Expectations::default();
+        let newest = self.history.len() - 1;
+        self.shown = [newest; 3];
+    }
+
+    /// One reconcile with caches `lag` seconds behind and `losses`: decide,
+    /// write status, act. `None` when the pass waited for the DaemonSet cache.
+    pub fn reconcile(&mut self, lag: Lag, losses: Losses) -> Option<Decision> {
+        let pods_c = self.cache(0, lag.pods);
+        let nodes_c = self.cache(1, lag.nodes);
+        let ds_c = self.cache(2, lag.daemonset);
+        if !self.expectations.daemonset_caught_up(ds_c.ds.generation) {
+            return None;
+        }
+        let decision = self.decide_on(&pods_c, &nodes_c, &ds_c);
+        self.check_decision(&decision, &pods_c, &nodes_c, &ds_c);
+        let pods: Vec<String> = self
+            .cluster
+            .pods
+            .values()
+            .map(|p| {
+                let state = if p.terminating.is_some() {
+                    "T"
+                } else if p.ready {
+                    "R"
+                } else {
+                    "-"
+                };
+                format!("{}:{}{}", &p.node[5..], p.revision, state)
+            })
+            .collect();
+        self.trace.push(format!(
+            "t={} lag={lag:?} loss={losses:?} ds={} target={:?} phase={:?} stage={:?} held={:?} actions={:?} pods=[{}] disrupted={:?}",
+            self.now.as_second() % 10_000,
+            ds_c.ds.template,
+            decision.status.target_revision,
+            decision.status.phase,
+            decision.status.current_stage,
+            decision.status.stages.iter().map(|s| s.nodes.clone()).collect::<Vec<_>>(),
+            decision
+                .actions
+                .iter()
+                .filter(|a| !matches!(a, Action::Event { .. }))
+                .collect::<Vec<_>>(),
+            pods.join(" "),
+            self.disrupted,
+        ));
+        if self.violations.is_empty() && self.trace.len() > 60 {
+            self.trace.remove(0);
+        }
+        if losses.status {
+            return Some(decision);
+        }
+        self.status = decision.status.clone();
+        let covered = nodes_c
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .count();
+        let budget = self.budget(covered);
+        let mut lose = losses.first_action;
+        for a in &decision.actions {
+            if lose && !matches!(a, Action::Event { .. }) {
+                lose = false;
+                continue;
+            }
+            self.perform(a, ds_c.ds.generation, budget);
+        }
+        self.check_cluster();
+        Some(decision)
+    }
+
+    fn decide_on(&mut self, pods_c: &Cluster, nodes_c: &Cluster, ds_c: &Cluster) -> Decision {
+        let node_views: NodesByName = nodes_c
+            .nodes
+            .values()
+            .map(|n| (n.name.as_str(), node_view(n)))
+            .collect();
+        let mut pods: PodsByNode = BTreeMap::new();
+        for p in pods_c.pods.values() {
+            pods.entry(p.node.as_str()).or_default().push(pod_view(p));
+        }
+        self.expectations.apply(&mut pods, self.now);
+        let sel = BTreeMap::from([(GPU_NODE_LABEL.to_string(), "true".to_string())]);
+        let strategy = DaemonSetUpdateStrategy {
+            type_: Some(ds_c.ds.strategy.clone()),
+            ..Default::default()
+        };
+        let current =
+            Some(ds_c.ds.template.as_str()).filter(|t| ds_c.ds.revisions.contains_key(*t));
+        let ds = DaemonSetView {
+            generation: ds_c.ds.generation,
+            observed_generation: ds_c.ds.observed_generation,
+            update_strategy: Some(&strategy),
+            current_revision: current,
+            known_revisions: ds_c.ds.revisions.keys().map(String::as_str).collect(),
+            placement: Placement {
+                node_selector: Some(&sel),
+                ..Default::default()
+            },
+        };
+        let spec_revision = self.spec_hash.as_ref().map(|h| format!("spec-{h}"));
+        let spec_template = self.spec_hash.as_deref().map(|hash| SpecTemplate {
+            hash,
+            in_place: spec_revision.as_deref() == Some(ds_c.ds.template.as_str()),
+        });
+        let o = Observed {
+            spec: &self.spec,
+            generation: Some(1),
+            status: &self.status,
+            requests: Requests {
+                retry: self.retry.as_deref(),
+                approve: self.approve.as_deref(),
+                abort: self.abort.as_deref(),
+            },
+            owned_by_other: None,
+            preflight: None,
+            daemonset: Some(&ds),
+            spec_template,
+            backup_revision: ds_c.backup.as_deref(),
+            pods: &pods,
+            nodes: &node_views,
+            rollout_id: ROLLOUT_ID,
+            now: self.now,
+        };
+        decide(&o)
+    }
+
+    /// `budget`: maxUnavailable as the pass resolved it.
+    fn perform(&mut self, action: &Action, decided_generation: i64, budget: usize) {
+        self.actions_log.push(action.clone());
+        let ds = &mut self.cluster.ds;
+        // DaemonSet writes are JSON patches guarded by the generation decided from.
+        let guarded = |ds: &MDaemonSet| ds.generation == decided_generation;
+        match action {
+            Action::TakeOverUpdates => {
+                if guarded(ds) {
+                    ds.strategy = "OnDelete".into();
+                    ds.generation += 1;
+                    self.expectations.daemonset_written(ds.generation);
+                }
+            }
+            Action::ApplySpecTemplate => {
+                if guarded(ds) {
+                    let rev = format!("spec-{}", self.spec_hash.clone().expect("GitOps mode"));
+                    ds.template = rev;
+                    ds.generation += 1;
+                    self.expectations.daemonset_written(ds.generation);
+                    // The runtime records the generation the write returned.
+                    if let Some(a) = self.status.applied_template.as_mut() {
+                        a.generation = Some(ds.generation);
+                    }
+                }
+            }
+            Action::RestoreLastGood => {
+                let Some(backup) = self.cluster.backup.clone() else {
+                    self.violations.push("restore without a backup".into());
+                    return;
+                };
+                if guarded(ds) && ds.template != backup {
+                    ds.template = backup;
+                    ds.generation += 1;
+                    self.expectations.daemonset_written(ds.generation);
+                }
+            }
+            Action::BackupTemplate { revision } => {
+                if ds.revisions.contains_key(revision) {
+                    self.cluster.backup = Some(revision.clone());
+                }
+            }
+            Action::LabelNodes { nodes, stage } => {
+                for n in nodes {
+                    if let Some(node) = self.cluster.nodes.get_mut(n) {
+                        node.labels.insert(ROLLOUT_LABEL.into(), ROLLOUT_ID.into());
+                        node.labels.insert(STAGE_LABEL.into(), stage.to_string());
+                    }
+                }
+            }
+            Action::UnlabelNodes { nodes } => {
+                for n in nodes {
+                    if let Some(node) = self.cluster.nodes.get_mut(n) {
+                        node.labels.remove(ROLLOUT_LABEL);
+                        node.labels.remove(STAGE_LABEL);
+                    }
+                }
+            }
+            Action::DeletePods { pods } => {
+                let exempt: BTreeSet<String> = self
+                    .status
+                    .stages
+                    .iter()
+                    .flat_map(|s| s.failed_nodes.iter().cloned())
+                    .collect();
+                for r in pods {
+                    // The UID is a precondition of the delete.
+                    let Some(p) = self.cluster.pods.get_mut(&r.uid) else {
+                        continue;
+                    };
+                    if r.unchanged_since.as_ref().is_some_and(|v| *v != p.version) {
+                        continue; // the resourceVersion precondition failed
+                    }
+                    self.expectations.pod_deleted(&r.uid, self.now);
+                    if p.terminating.is_some() {
+                        continue;
+                    }
+                    if p.running && p.ready && !exempt.contains(&p.node) {
+                        self.disrupted.insert(p.node.clone());
+                        self.budget_at_last_delete = budget;
+                    }
+                    p.terminating = Some(1 + (self.counter % 2) as i64);
+                    p.ready = false;
+                }
+            }
+            Action::Event { .. } => {}
+        }
+    }
+
+    /// Rules on what a decision may do, judged on the snapshot it was made from.
+    fn check_decision(
+        &mut self,
+        d: &Decision,
+        pods_c: &Cluster,
+        nodes_c: &Cluster,
+        ds_c: &Cluster,
+    ) {
+        let old = &self.status;
+        let new = &d.status;
+        // A blocked revision never progresses.
+        for b in &old.blocked_revisions {
+            if new.stable_revision.as_deref() == Some(b.revision.as_str())
+                && old.stable_revision != new.stable_revision
+            {
+                self.violations
+                    .push(format!("blocked revision {} became stable", b.revision));
+            }
+            if ds_c.ds.template == b.revision
+                && d.actions
+                    .iter()
+                    .any(|a| matches!(a, Action::DeletePods { .. }))
+            {
+                self.violations.push(format!(
+                    "pods deleted while the DaemonSet carries blocked revision {}",
+                    b.revision
+                ));
+            }
+            if let (Some(h), Some(bh)) = (&self.spec_hash, &b.template_hash)
+                && h == bh
+                && d.actions.contains(&Action::ApplySpecTemplate)
+            {
+                self.violations
+                    .push(format!("blocked spec.template {h} written again"));
+            }
+        }
+        // A pod is deleted only where the DaemonSet controller will refill it.
+        for a in &d.actions {
+            if let Action::DeletePods { pods } = a {
+                for p in pods {
+                    let eligible = nodes_c
+                        .nodes
+                        .get(&p.node)
+                        .is_some_and(|n| self.eligible_truth(n));
+                    if !eligible {
+                        self.violations
+                            .push(format!("deleted the agent of ineligible node {}", p.node));
+                    }
+                }
+            }
+        }
+        // No stage passes without judging every node it holds, on the target.
+        let target = new.target_revision.clone().unwrap_or_default();
+        for s in &new.stages {
+            let was = old
+                .stage(s.index)
+                .is_some_and(|o| o.state == StageState::Passed);
+            if s.state != StageState::Passed || was || old.target_revision != new.target_revision {
+                continue;
+            }
+            let held: Vec<&String> = new
+                .stages
+                .iter()
+                .filter(|x| x.index <= s.index)
+                .flat_map(|x| x.nodes.iter())
+                .collect();
+            if held.is_empty() {
+                self.violations
+                    .push(format!("stage {} passed holding no node", s.index));
+            }
+            for n in held {
+                let ok = pods_c.pods.values().any(|p| {
+                    &p.node == n && p.revision == target && p.terminating.is_none() && p.ready
+                });
+                let alloc = nodes_c
+                    .nodes
+                    .get(n)
+                    .and_then(|node| node.allocatable.get(RESOURCE))
+                    .map(|q| q.0.clone());
+                let baseline = new
+                    .stages
+                    .iter()
+                    .find_map(|x| x.baseline.get(n))
+                    .and_then(|b| b.get(RESOURCE).copied());
+                let count = alloc
+                    .as_deref()
+                    .and_then(saferollout_api::count_of)
+                    .unwrap_or(0);
+                // A node with a baseline must advertise it (a baseline of 0 sets no
+                // bound: the node had no device); one without, at least one device.
+                let in_bounds = match baseline {
+                    Some(0) => true,
+                    Some(b) => count == b,
+                    None => count >= 1,
+                };
+                if !ok || !in_bounds {
+                    self.violations.push(format!(
+                        "stage {} passed with node {n} not proven (ready on target: {ok}, allocatable {alloc:?})",
+                        s.index
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Rules on the cluster after each pass.
+    fn check_cluster(&mut self) {
+        let exempt: BTreeSet<&String> = self
+            .status
+            .stages
+            .iter()
+            .flat_map(|s| s.failed_nodes.iter())
+            .collect();
+        let counted: Vec<&String> = self
+            .disrupted
+            .iter()
+            .filter(|n| !exempt.contains(n))
+            .filter(|n| {
+                self.cluster
+                    .nodes
+                    .get(*n)
+                    .is_some_and(|node| self.eligible_truth(node))
+            })
+            .collect();
+        let covered = self
+            .cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .count();
+        let budget = self.budget(covered).max(self.budget_at_last_delete);
+        if counted.len() > budget {
+            self.violations.push(format!(
+                "{} agents down because of the operator ({counted:?}), maxUnavailable {budget}",
+                counted.len()
+            ));
+        }
+        if let (Some(target), Some(stage)) =
+            (&self.status.target_revision, self.status.current_stage)
+        {
+            let on_target = self
+                .cluster
+                .pods
+                .values()
+                .filter(|p| &p.revision == target && p.terminating.is_none())
+                .count();
+            let e = self.max_on_target.entry(stage as usize).or_default();
+            *e = (*e).max(on_target);
+        }
+    }
+
+    fn budget(&self, covered: usize) -> usize {
+        saferollout_api::resolve_count(&self.spec.max_unavailable, covered.max(1), false)
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// Passes and seconds until nothing changes and nothing is pending, with
+    /// fresh caches and no loss. Panics after `max_ticks`.
+    pub fn run(&mut self, max_ticks: usize) {
+        // Quiet twice in a row: the second pass saw every change of the first
+        // second through its caches.
+        let mut quiet_passes = 0;
+        for _ in 0..max_ticks {
+            let before = (self.status.clone(), self.fingerprint());
+            let d = self.reconcile(Lag::default(), Losses::default());
+            self.advance();
+            let after = (self.status.clone(), self.fingerprint());
+            let quiet = d.as_ref().is_some_and(|d| {
+                d.actions.iter().all(|a| matches!(a, Action::Event { .. }))
+                    && d.requeue_after.is_none()
+            }) && before == after;
+            quiet_passes = if quiet { quiet_passes + 1 } else { 0 };
+            if quiet_passes == 2 {
+                return;
+            }
+        }
+        panic!(
+            "did not settle in {max_ticks} ticks; status: {:#?}",
+            self.status
+        );
+    }
+
+    /// Everything of the cluster a watch would report a change of.
+    fn fingerprint(&self) -> String {
+        let c = &self.cluster;
+        let pods: Vec<_> = c
+            .pods
+            .values()
+            .map(|p| {
+                (
+                    &p.uid,
+                    &p.revision,
+                    p.running,
+                    p.ready,
+                    &p.waiting,
+                    p.terminating.is_some(),
+                )
+            })
+            .collect();
+        let nodes: Vec<_> = c
+            .nodes
+            .values()
+            .map(|n| (&n.name, &n.labels, n.ready, &n.allocatable))
+            .collect();
+        format!(
+            "{:?}{:?}{:?}{:?}{:?}",
+            c.ds.template,
+            c.ds.observed_generation,
+            c.ds.revisions,
+            pods,
+            (nodes, &c.backup)
+        )
+    }
+
+    pub fn one_reconcile(&mut self) -> Decision {
+        let d = self
+            .reconcile(Lag::default(), Losses::default())
+            .expect("caches are fresh");
+        self.advance();
+        d
+    }
+
+    /// Every covered node runs one Ready pod of `revision`.
+    pub fn all_on(&self, revision: &str) -> bool {
+        self.cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .all(|n| {
+                let pods: Vec<&MPod> = self
+                    .cluster
+                    .pods
+                    .values()
+                    .filter(|p| p.node == n.name)
+                    .collect();
+                pods.len() == 1 && pods[0].revision == revision && pods[0].ready
+            })
+    }
+
+    pub fn pods_on(&self, revision: &str) -> usize {
+        self.cluster
+            .pods
+            .values()
+            .filter(|p| p.revision == revision)
+            .count()
+    }
+
+    pub fn labelled(&self) -> Vec<&String> {
+        self.cluster
+            .nodes
+            .values()
+            .filter(|n| n.labels.contains_key(ROLLOUT_LABEL))
+            .map(|n| &n.name)
+            .collect()
+    }
+}
+
+pub fn node_view(n: &MNode) -> NodeView<'_> {
+    NodeView {
+        name: &n.name,
+        labels: &n.labels,
+        ready: n.ready,
+        taints: &n.taints,
+        allocatable: &n.allocatable,
+    }
+}
+
+fn pod_view(p: &MPod) -> AgentPod<'_> {
+    AgentPod {
+        name: &p.name,
+        uid: &p.uid,
+        resource_version: &p.version,
+        node: &p.node,
+        revision: &p.revision,
+        running: p.running && p.terminating.is_none(),
+        ready: p.ready && p.terminating.is_none(),
+        deleting: p.terminating.is_some(),
+        waiting_reason: p.waiting.as_deref(),
+        waiting_message: None,
+        restarts: p.restarts,
+    }
+}

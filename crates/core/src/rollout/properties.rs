@@ -1,0 +1,291 @@
+//! Property tests: the state machine against the model (`model.rs`) on random
+//! interleavings of cluster progress, cache lag, lost writes, operator
+//! restarts, nodes going NotReady, leaving and joining, new templates and Git
+//! reverts, with releases that fail at any stage (or never).
+//!
+//! Checked on every step (the model records violations):
+//! - at most `maxUnavailable` covered nodes are down because the operator
+//!   deleted their serving agent (nodes whose agent failed a gate excepted);
+//! - no agent is deleted on a node the DaemonSet controller would not refill;
+//! - a blocked revision never becomes stable, is never written again from
+//!   spec.template, and no pod is deleted while the DaemonSet carries it;
+//! - no stage passes unless every node it holds runs a Ready pod of the target
+//!   and advertises within bounds, and a stage holding no node never passes.
+//!
+//! And at the end, once the faults stop and caches catch up: the rollout is
+//! Succeeded or Degraded, and every node the DaemonSet covers runs one Ready
+//! pod of the stable revision.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default 256).
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use proptest::prelude::*;
+use saferollout_api::{DurationString, Phase, Stage};
+
+use super::model::{Lag, Losses, Model, Release};
+
+#[derive(Debug, Clone)]
+enum Fault {
+    NodeNotReady(usize),
+    NodeReady(usize),
+    DeleteNode(usize),
+    AddNode,
+    RestartOperator,
+    /// DaemonSet-edit mode: Helm writes another template; GitOps: Git changes spec.template.
+    NewTemplate(Release),
+    /// Back to the template the rollout started from.
+    RevertTemplate,
+    Abort,
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    lag: (usize, usize, usize),
+    lose_status: bool,
+    lose_action: bool,
+    fault: Option<Fault>,
+    /// Seconds of cluster progress after the pass.
+    seconds: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    nodes: usize,
+    max_unavailable: IntOrString,
+    stages: Option<Vec<&'static str>>,
+    deadline_secs: u32,
+    release: Release,
+    gitops: bool,
+    steps: Vec<Step>,
+}
+
+fn release() -> impl Strategy<Value = Release> {
+    prop_oneof![
+        3 => Just(Release::Healthy),
+        1 => Just(Release::Broken),
+        1 => Just(Release::Overcount),
+        1 => Just(Release::Crashloop),
+        1 => Just(Release::Unready),
+        2 => Just(Release::BrokenInZoneB),
+        2 => (3i64..40).prop_map(Release::BreaksAfter),
+        1 => (2i64..6).prop_map(Release::Flap),
+    ]
+}
+
+fn fault() -> impl Strategy<Value = Fault> {
+    prop_oneof![
+        3 => (0usize..16).prop_map(Fault::NodeNotReady),
+        3 => (0usize..16).prop_map(Fault::NodeReady),
+        1 => (0usize..16).prop_map(Fault::DeleteNode),
+        2 => Just(Fault::AddNode),
+        2 => Just(Fault::RestartOperator),
+        1 => release().prop_map(Fault::NewTemplate),
+        1 => Just(Fault::RevertTemplate),
+        1 => Just(Fault::Abort),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        (0usize..4, 0usize..4, 0usize..4),
+        prop::bool::weighted(0.08),
+        prop::bool::weighted(0.12),
+        prop::option::weighted(0.06, fault()),
+        0usize..3,
+    )
+        .prop_map(|(lag, lose_status, lose_action, fault, seconds)| Step {
+            lag,
+            lose_status,
+            lose_action,
+            fault,
+            seconds,
+        })
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (
+        2usize..12,
+        prop_oneof![
+            (1i32..4).prop_map(IntOrString::Int),
+            Just(IntOrString::String("25%".into())),
+        ],
+        prop_oneof![
+            Just(None),
+            Just(Some(vec!["1", "50%", "100%"])),
+            Just(Some(vec!["2", "100%"])),
+            Just(Some(vec!["1", "2", "3", "100%"])),
+        ],
+        20u32..120,
+        release(),
+        any::<bool>(),
+        prop::collection::vec(step(), 20..250),
+    )
+        .prop_map(
+            |(nodes, max_unavailable, stages, deadline_secs, release, gitops, steps)| Scenario {
+                nodes,
+                max_unavailable,
+                stages,
+                deadline_secs,
+                release,
+                gitops,
+                steps,
+            },
+        )
+}
+
+fn node_name(m: &Model, i: usize) -> Option<String> {
+    let names: Vec<&String> = m.cluster.nodes.keys().collect();
+    (!names.is_empty()).then(|| names[i % names.len()].clone())
+}
+
+fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
+    let mut m = Model::new(s.nodes);
+    m.spec.max_unavailable = s.max_unavailable.clone();
+    m.spec.progress_deadline = DurationString::new(format!("{}s", s.deadline_secs));
+    m.spec.stages = s.stages.as_ref().map(|st| {
+        st.iter()
+            .map(|n| match n.parse::<i32>() {
+                Ok(i) => Stage::new(IntOrString::Int(i)),
+                Err(_) => Stage::new(IntOrString::String(n.to_string())),
+            })
+            .collect()
+    });
+    // Start from a settled rollout of the first template.
+    let first = if s.gitops {
+        m.spec_hash = Some("g1".into());
+        m.cluster.ds.template = "spec-g1".into();
+        m.cluster.ds.revisions.insert("spec-g1".into(), 1);
+        for p in m.cluster.pods.values_mut() {
+            p.revision = "spec-g1".into();
+        }
+        "spec-g1".to_string()
+    } else {
+        "v1".to_string()
+    };
+    m.run(200);
+    prop_assert_eq!(m.status.phase, Some(Phase::Succeeded));
+    let mut generation = 2;
+    let mut new_template = |m: &mut Model, release: Release| {
+        if s.gitops {
+            let hash = format!("g{generation}");
+            m.releases.insert(format!("spec-{hash}"), release);
+            m.spec_hash = Some(hash);
+        } else {
+            m.write_revision(&format!("v{generation}"), release);
+        }
+        generation += 1;
+    };
+    new_template(&mut m, s.release);
+    let mut added = 0;
+    for step in &s.steps {
+        if let Some(f) = &step.fault {
+            match f {
+                Fault::NodeNotReady(i) => {
+                    if let Some(n) = node_name(&m, *i) {
+                        m.set_node_ready(&n, false)
+                    }
+                }
+                Fault::NodeReady(i) => {
+                    if let Some(n) = node_name(&m, *i) {
+                        m.set_node_ready(&n, true)
+                    }
+                }
+                Fault::DeleteNode(i) => {
+                    if m.cluster.nodes.len() > 1
+                        && let Some(n) = node_name(&m, *i)
+                    {
+                        m.delete_node(&n)
+                    }
+                }
+                Fault::AddNode => {
+                    added += 1;
+                    m.add_node(&format!("node-new-{added}"), added);
+                }
+                Fault::RestartOperator => m.restart_operator(),
+                Fault::NewTemplate(r) => new_template(&mut m, *r),
+                Fault::RevertTemplate => {
+                    if s.gitops {
+                        m.spec_hash = Some("g1".into());
+                    } else {
+                        m.write_revision(&first, Release::Healthy);
+                    }
+                }
+                Fault::Abort => m.abort = m.status.target_revision.clone(),
+            }
+        }
+        let lag = Lag {
+            pods: step.lag.0,
+            nodes: step.lag.1,
+            daemonset: step.lag.2,
+        };
+        m.reconcile(
+            lag,
+            Losses {
+                status: step.lose_status,
+                first_action: step.lose_action,
+            },
+        );
+        for _ in 0..=step.seconds {
+            m.advance();
+        }
+        prop_assert!(
+            m.violations.is_empty(),
+            "{:#?}\ntrace:\n{}\nstatus: {:#?}",
+            m.violations,
+            m.trace.join("\n"),
+            m.status
+        );
+    }
+    // The faults stop: every node Ready again, caches catch up.
+    let names: Vec<String> = m.cluster.nodes.keys().cloned().collect();
+    for n in &names {
+        m.set_node_ready(n, true);
+    }
+    m.restart_operator();
+    m.run(4000);
+    prop_assert!(
+        m.violations.is_empty(),
+        "{:#?}\ntrace:\n{}",
+        m.violations,
+        m.trace.join("\n")
+    );
+    prop_assert!(
+        matches!(
+            m.status.phase,
+            Some(Phase::Succeeded) | Some(Phase::Degraded)
+        ),
+        "ended {:?}: {:#?}",
+        m.status.phase,
+        m.status
+    );
+    let stable = m.status.stable_revision.clone().unwrap_or_default();
+    prop_assert!(
+        m.status.stuck_nodes.is_empty(),
+        "{:#?}",
+        m.status.stuck_nodes
+    );
+    prop_assert!(
+        m.all_on(&stable),
+        "not every node runs {stable}: {:#?}\n{:#?}",
+        m.cluster.pods,
+        m.status
+    );
+    prop_assert!(m.labelled().is_empty(), "labels left: {:?}", m.labelled());
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn safety_holds_on_random_interleavings(s in scenario()) {
+        run_scenario(&s)?;
+    }
+}

@@ -1,0 +1,610 @@
+//! Taking a new revision through its stages. One pass:
+//! 1. [`start_if_new`]: a new target (or a retried one) starts at stage 0;
+//! 2. pause and preflight may hold everything;
+//! 3. [`reconcile_membership`]: the stage's nodes, re-derived from status and
+//!    the cluster: nodes that left or can no longer be replaced are let go
+//!    (`skipped`, with why), nodes that joined on the target revision are
+//!    taken into the current stage, and the stage is planned up to its size,
+//!    recording each planned node's baseline (what its serving stable agent
+//!    advertises) before anything touches it;
+//! 4. [`sync_labels`]: the nodes carry exactly their stage's label;
+//! 5. judge every gate over every node the rollout holds;
+//! 6. a failed gate (or an abort) blocks the revision and restores the last
+//!    good template, deleting nothing in that pass;
+//! 7. otherwise, unless a violation is soaking, replace old pods within the
+//!    budget;
+//! 8. a stage whose gates all passed on all its nodes soaks, waits for its
+//!    approval, then the next stage starts, or the rollout is done.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use saferollout_api::{
+    ABORT_ANNOTATION, BlockedRevision, GateResult, GateStatus, NodeNote, Phase, PreflightPolicy,
+    SafeRolloutStatus, Stage, StageState, StageStatus, resolve_count,
+};
+
+use super::{
+    Action, Observed, approval_value, labelled_nodes, max_unavailable, phase, progress_deadline,
+    record_progress, replace,
+};
+use crate::conditions::{self, DEGRADED, PREFLIGHT_PASSED};
+use crate::eligibility::eligibility;
+use crate::gates::{self, Snapshot, Verdict, elapsed};
+use crate::plan::{self, PlanError};
+use crate::views::{DaemonSetView, live_pods};
+
+/// Take `target` through the stages.
+pub(super) fn roll(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    ds: &DaemonSetView,
+    target: &str,
+) -> Option<Duration> {
+    start_if_new(o, st, actions, target);
+    if o.spec.paused && o.requests.abort != Some(target) {
+        let msg = format!("paused by spec.paused while rolling out revision {target}");
+        phase::paused(st, o, "Paused", msg);
+        return None;
+    }
+    if preflight_blocks(o, st, actions, target) {
+        return None;
+    }
+    let stage_specs = o.spec.effective_stages();
+    let index = (st.current_stage.unwrap_or(0).max(0) as usize).min(stage_specs.len() - 1);
+    let stage_spec = &stage_specs[index];
+    if let Err(e) = reconcile_membership(
+        o,
+        st,
+        actions,
+        ds,
+        target,
+        index,
+        stage_spec,
+        stage_specs.len(),
+    ) {
+        phase::stalled(st, o, Phase::Failed, "NoEligibleNodes", e.to_string());
+        return None;
+    }
+    sync_labels(o, st, actions, index);
+
+    // Every node the rollout holds now, and their baselines.
+    // (Borrowed from the snapshot, not from status, which changes below.)
+    let rollout_nodes: Vec<&str> = held_nodes(st, index)
+        .into_iter()
+        .filter_map(|n| o.nodes.get_key_value(n).map(|(k, _)| *k))
+        .collect();
+    let baseline: BTreeMap<String, BTreeMap<String, i64>> = st
+        .stages
+        .iter()
+        .filter(|s| s.index as usize <= index)
+        .flat_map(|s| s.baseline.clone())
+        .collect();
+    let on_target_ready = rollout_nodes
+        .iter()
+        .filter(|n| live_pods(o.pods, n).any(|p| p.revision == target && p.running && p.ready))
+        .count();
+    let without_progress = record_progress(
+        st,
+        format!("stage {} of revision {target}", index + 1),
+        on_target_ready,
+        o.now,
+    );
+    let deadline = progress_deadline(o);
+    let stage_pos = st
+        .stages
+        .iter()
+        .position(|s| s.index as usize == index)
+        .expect("the current stage was recorded by reconcile_membership");
+    let snapshot = Snapshot {
+        nodes: &rollout_nodes,
+        pods: o.pods,
+        node_views: o.nodes,
+        target_revision: target,
+        baseline: &baseline,
+        without_progress,
+        progress_deadline: deadline,
+        now: o.now,
+    };
+    let verdicts = gates::evaluate_all(o.spec, &snapshot, &st.stages[stage_pos].gates);
+    st.stages[stage_pos].gates = verdicts.iter().map(|v| v.result.clone()).collect();
+
+    let aborted = (o.requests.abort == Some(target)).then(|| GateResult {
+        gate: "manual".into(),
+        status: GateStatus::Failed,
+        reason: "Aborted".into(),
+        message: format!("aborted by a person ({ABORT_ANNOTATION}={target})"),
+        ..Default::default()
+    });
+    if let Some(failure) = aborted.or_else(|| gates::first_failure(&verdicts).cloned()) {
+        fail_stage(o, st, actions, stage_pos, target, &failure, &verdicts);
+        return None;
+    }
+
+    // Replace old pods within the budget, unless some node violates a gate.
+    let to_replace: Vec<&str> = rollout_nodes
+        .iter()
+        .copied()
+        .filter(|n| live_pods(o.pods, n).any(|p| p.revision != target))
+        .collect();
+    let violating = gates::violating_nodes(&verdicts);
+    if violating.is_empty() && !to_replace.is_empty() {
+        let held: BTreeSet<&str> = rollout_nodes
+            .iter()
+            .copied()
+            .chain(st.converging_nodes.iter().map(String::as_str))
+            .collect();
+        let stable = st.stable_revision.as_deref().unwrap_or_default();
+        let unavailable = replace::unavailable(o, ds, stable, &held, &BTreeSet::new());
+        let pods = replace::deletions(
+            o.pods,
+            &to_replace,
+            target,
+            unavailable,
+            &BTreeSet::new(),
+            max_unavailable(o, ds),
+        );
+        if !pods.is_empty() {
+            actions.push(Action::DeletePods { pods });
+        }
+    }
+
+    let progress_msg = format!(
+        "stage {} of {}: rolling out revision {target}",
+        index + 1,
+        stage_specs.len()
+    );
+    phase::working(st, o, Phase::Progressing, "RollingOut", progress_msg);
+    let passed = gates::all_passed(&verdicts) && to_replace.is_empty();
+    if !passed {
+        let stage = &mut st.stages[stage_pos];
+        stage.state = if to_replace.is_empty() {
+            StageState::Verifying
+        } else {
+            StageState::Replacing
+        };
+        stage.verified_at = None;
+        return Some(recheck_after(
+            &verdicts,
+            deadline.saturating_sub(without_progress),
+        ));
+    }
+    advance(
+        o,
+        st,
+        actions,
+        stage_pos,
+        index,
+        stage_spec,
+        stage_specs.len(),
+        target,
+    )
+}
+
+/// A new revision, or one tried before and unblocked by a retry: start over.
+fn start_if_new(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, target: &str) {
+    let retried = st.stages.iter().any(|s| s.state == StageState::Failed);
+    if st.target_revision.as_deref() == Some(target) && !retried {
+        return;
+    }
+    st.target_revision = Some(target.to_string());
+    st.current_stage = Some(0);
+    st.stages.clear();
+    st.progress = None;
+    st.stuck_nodes.clear();
+    phase::event(
+        actions,
+        false,
+        "RolloutStarted",
+        format!(
+            "rolling out revision {target} (stable: {})",
+            st.stable_revision.as_deref().unwrap_or("")
+        ),
+    );
+    conditions::set(
+        &mut st.conditions,
+        DEGRADED,
+        false,
+        "NewRevision",
+        format!("rolling out revision {target}"),
+        o.generation,
+        o.now,
+    );
+}
+
+/// The nodes stages up to `index` hold now, sorted.
+fn held_nodes(st: &SafeRolloutStatus, index: usize) -> Vec<&str> {
+    let set: BTreeSet<&str> = st
+        .stages
+        .iter()
+        .filter(|s| s.index as usize <= index)
+        .flat_map(|s| s.nodes.iter().map(String::as_str))
+        .collect();
+    set.into_iter().collect()
+}
+
+fn note(list: &mut Vec<NodeNote>, node: &str, reason: &str, message: String) {
+    list.retain(|n| n.node != node);
+    list.push(NodeNote {
+        node: node.to_string(),
+        reason: reason.to_string(),
+        message,
+    });
+    list.sort_by(|a, b| a.node.cmp(&b.node));
+}
+
+/// Re-derives which nodes the stages hold (see the module doc) and plans the
+/// current stage up to its size, recording each new node's baseline before
+/// anything touches it.
+#[allow(clippy::too_many_arguments)]
+fn reconcile_membership(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    ds: &DaemonSetView,
+    target: &str,
+    index: usize,
+    stage_spec: &Stage,
+    stage_count: usize,
+) -> Result<(), PlanError> {
+    let placement = &ds.placement;
+    // Let go of nodes that left or can no longer have their agent replaced.
+    for stage in st.stages.iter_mut().filter(|s| s.index as usize <= index) {
+        let mut kept = Vec::with_capacity(stage.nodes.len());
+        for n in std::mem::take(&mut stage.nodes) {
+            match o.nodes.get(n.as_str()) {
+                None => note(
+                    &mut stage.skipped,
+                    &n,
+                    "NodeDeleted",
+                    "the node left the cluster".into(),
+                ),
+                Some(view) => match eligibility(view, placement) {
+                    e if e.is_eligible() => kept.push(n),
+                    e => note(
+                        &mut stage.skipped,
+                        &n,
+                        e.reason(),
+                        format!("{e}; its agent is not replaced or judged while so"),
+                    ),
+                },
+            }
+        }
+        stage.nodes = kept;
+    }
+    let stage_pos = match st.stages.iter().position(|s| s.index as usize == index) {
+        Some(p) => p,
+        None => {
+            st.stages.push(StageStatus {
+                index: index as i32,
+                state: StageState::Replacing,
+                started_at: Some(Time(o.now)),
+                ..Default::default()
+            });
+            st.stages.sort_by_key(|s| s.index);
+            st.stages
+                .iter()
+                .position(|s| s.index as usize == index)
+                .expect("just pushed")
+        }
+    };
+    let mut held: BTreeSet<String> = held_nodes(st, index)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+
+    // Nodes that joined on the target revision by themselves (a new node, a
+    // pod deleted by someone else) are judged with the current stage.
+    let joiners: Vec<String> = o
+        .nodes
+        .values()
+        .filter(|n| !held.contains(n.name))
+        .filter(|n| live_pods(o.pods, n.name).any(|p| p.revision == target))
+        .filter(|n| eligibility(n, placement).is_eligible())
+        .map(|n| n.name.to_string())
+        .collect();
+    let mut added: Vec<String> = joiners.clone();
+
+    // Plan up to the stage's cumulative size.
+    let canary = plan::canary_selector(
+        o.spec
+            .canary
+            .as_ref()
+            .and_then(|c| c.node_selector.as_ref()),
+    );
+    let candidates = plan::candidates(o.nodes, o.pods, placement, &canary, target);
+    let wanted = resolve_count(&stage_spec.nodes, candidates.len(), true).unwrap_or(1);
+    let size = plan::cumulative_target(wanted, candidates.len());
+    held.extend(joiners.iter().cloned());
+    let mut planned = Vec::new();
+    if held.len() < size {
+        planned = plan::plan_stage(&candidates, &held, size, index == 0)?;
+        planned.retain(|n| !held.contains(n));
+    } else if held.is_empty() {
+        return Err(PlanError::NoNodes);
+    }
+    added.extend(planned.iter().cloned());
+
+    let gated: Vec<&str> = o
+        .spec
+        .allocatable_gates()
+        .iter()
+        .map(|g| g.resource.as_str())
+        .collect();
+    let stable = st.stable_revision.clone().unwrap_or_default();
+    let stage = &mut st.stages[stage_pos];
+    for n in &planned {
+        // A baseline is what a serving agent of the stable revision advertises:
+        // a node still on an abandoned revision, or whose agent does not
+        // serve, has none (and is judged like a node that joined by itself).
+        let mut live = live_pods(o.pods, n).peekable();
+        let serving_stable =
+            live.peek().is_some() && live.all(|p| p.revision == stable && p.running && p.ready);
+        if !serving_stable {
+            continue;
+        }
+        let view = &o.nodes[n.as_str()];
+        let per_res = gated
+            .iter()
+            .map(|r| (r.to_string(), view.allocatable_count(r)))
+            .collect();
+        stage.baseline.insert(n.clone(), per_res);
+    }
+    for n in &added {
+        stage.skipped.retain(|s| &s.node != n);
+    }
+    for s in st.stages.iter_mut() {
+        s.skipped.retain(|skip| !added.contains(&skip.node));
+    }
+    let stage = &mut st.stages[stage_pos];
+    stage.nodes.extend(added.iter().cloned());
+    stage.nodes.sort();
+    stage.nodes.dedup();
+    if !planned.is_empty() || !joiners.is_empty() {
+        let what = if joiners.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (joined on revision {target} by themselves: {})",
+                joiners.join(", ")
+            )
+        };
+        phase::event(
+            actions,
+            false,
+            "StageStarted",
+            format!(
+                "stage {} of {}: {} node(s): {}{what}",
+                index + 1,
+                stage_count,
+                stage.nodes.len(),
+                stage.nodes.join(", ")
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Makes exactly the nodes the stages hold carry this rollout's labels.
+fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, index: usize) {
+    let mut desired: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in st.stages.iter().filter(|s| s.index as usize <= index) {
+        for n in &s.nodes {
+            desired.insert(n, s.index as usize);
+        }
+    }
+    let labelled = labelled_nodes(o);
+    let mut by_stage: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (node, stage) in &desired {
+        let want = stage.to_string();
+        if labelled.get(node) != Some(&Some(want.as_str())) && o.nodes.contains_key(node) {
+            by_stage.entry(*stage).or_default().push(node.to_string());
+        }
+    }
+    for (stage, nodes) in by_stage {
+        actions.push(Action::LabelNodes { nodes, stage });
+    }
+    let extra: Vec<String> = labelled
+        .keys()
+        .filter(|n| !desired.contains_key(*n))
+        .map(|n| n.to_string())
+        .collect();
+    if !extra.is_empty() {
+        actions.push(Action::UnlabelNodes { nodes: extra });
+    }
+}
+
+/// A gate failed (or a person aborted): block the revision, record which
+/// nodes' agents failed, restore the last good template. No pod is deleted in
+/// this pass; the revert replaces them from the next one.
+fn fail_stage(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    stage_pos: usize,
+    target: &str,
+    failure: &GateResult,
+    verdicts: &[Verdict],
+) {
+    let node = failure.node.clone().unwrap_or_default();
+    let detail = match (&failure.observed, &failure.expected) {
+        (Some(obs), Some(exp)) if !failure.message.contains(exp.as_str()) => {
+            format!(" (observed {obs}, expected {exp})")
+        }
+        _ => String::new(),
+    };
+    let on = if node.is_empty() {
+        String::new()
+    } else {
+        format!(" on node {node}")
+    };
+    let message = format!(
+        "gate {} failed{on}: {}{detail}",
+        failure.gate, failure.message
+    );
+    let stage = &mut st.stages[stage_pos];
+    stage.state = StageState::Failed;
+    stage.finished_at = Some(Time(o.now));
+    let mut failed: BTreeSet<String> = gates::violating_nodes(verdicts);
+    if !node.is_empty() {
+        failed.insert(node);
+    }
+    stage.failed_nodes = failed.into_iter().collect();
+    st.blocked_revisions.push(BlockedRevision {
+        revision: target.to_string(),
+        template_hash: o
+            .spec_template
+            .filter(|t| t.in_place)
+            .map(|t| t.hash.to_string()),
+        reason: failure.reason.clone(),
+        message: message.clone(),
+        blocked_at: Time(o.now),
+    });
+    phase::working(st, o, Phase::RollingBack, "RollingBack", message.clone());
+    conditions::set(
+        &mut st.conditions,
+        DEGRADED,
+        true,
+        &format!("{}Failed", phase::gate_reason(&failure.gate)),
+        message.clone(),
+        o.generation,
+        o.now,
+    );
+    st.progress = None;
+    phase::event(actions, true, "GateFailed", message);
+    actions.push(Action::RestoreLastGood);
+}
+
+/// When to look again: when a soaking gate may have soaked, or at the deadline.
+fn recheck_after(verdicts: &[Verdict], to_deadline: Duration) -> Duration {
+    verdicts
+        .iter()
+        .filter_map(|v| v.recheck_after)
+        .fold(to_deadline, Duration::min)
+        .max(Duration::from_millis(100))
+}
+
+/// Every gate passed on every node of the stage: soak, wait for approval,
+/// then go on (or finish).
+#[allow(clippy::too_many_arguments)]
+fn advance(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    stage_pos: usize,
+    index: usize,
+    stage_spec: &Stage,
+    stage_count: usize,
+    target: &str,
+) -> Option<Duration> {
+    let stage = &mut st.stages[stage_pos];
+    let verified_at = stage.verified_at.get_or_insert(Time(o.now)).clone();
+    let soak = stage_spec.soak.to_std().unwrap_or_default();
+    let soaked = elapsed(verified_at.0, o.now);
+    if soaked < soak {
+        stage.state = StageState::Soaking;
+        return Some(soak - soaked);
+    }
+    // An approval names the revision and the stage, so one left on the object
+    // never approves a later rollout.
+    let approval = approval_value(target, index);
+    if stage_spec.pause && o.requests.approve != Some(approval.as_str()) {
+        stage.state = StageState::Paused;
+        let msg = format!(
+            "stage {} passed; waiting for approval (kubectl saferollout approve, or annotate saferollout.dev/approve={approval})",
+            index + 1
+        );
+        phase::paused(st, o, "AwaitingApproval", msg);
+        return None;
+    }
+    stage.state = StageState::Passed;
+    stage.finished_at.get_or_insert(Time(o.now));
+    phase::event(
+        actions,
+        false,
+        "StagePassed",
+        format!("stage {} of {stage_count} passed", index + 1),
+    );
+    if index + 1 < stage_count {
+        st.current_stage = Some(index as i32 + 1);
+        return Some(Duration::ZERO);
+    }
+
+    // Every stage passed: the target is the new last good revision.
+    st.stable_revision = Some(target.to_string());
+    st.current_stage = None;
+    st.progress = None;
+    actions.push(Action::BackupTemplate {
+        revision: target.to_string(),
+    });
+    let labelled: Vec<String> = labelled_nodes(o).keys().map(|n| n.to_string()).collect();
+    if !labelled.is_empty() {
+        actions.push(Action::UnlabelNodes { nodes: labelled });
+    }
+    let msg = format!("revision {target} rolled out to every node");
+    phase::succeeded(st, o, msg.clone());
+    phase::event(actions, false, "RolloutSucceeded", msg);
+    None
+}
+
+/// Records preflight results for `target`; true when they block the rollout
+/// (policy Enforce, an error finding, no stage started yet).
+fn preflight_blocks(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    target: &str,
+) -> bool {
+    let policy = o
+        .spec
+        .preflight
+        .as_ref()
+        .map(|p| p.policy)
+        .unwrap_or_default();
+    if policy == PreflightPolicy::Skip {
+        return false;
+    }
+    if let Some(fresh) = o.preflight.filter(|p| p.revision == target) {
+        st.preflight = Some(fresh.clone());
+    }
+    let Some(p) = st.preflight.as_ref().filter(|p| p.revision == target) else {
+        return false;
+    };
+    let mut msg = format!(
+        "preflight of revision {target}: {} error(s), {} warning(s)",
+        p.errors, p.warnings
+    );
+    if let Some(f) = p.findings.first().filter(|f| f.severity == "Error") {
+        msg.push_str(&format!("; {} {}: {}", f.code, f.object, f.message));
+    }
+    let (passed, reason) = if p.passed {
+        (true, "Passed")
+    } else {
+        (false, "ErrorsFound")
+    };
+    let blocked = !p.passed && policy == PreflightPolicy::Enforce && st.stages.is_empty();
+    conditions::set(
+        &mut st.conditions,
+        PREFLIGHT_PASSED,
+        passed,
+        reason,
+        msg.clone(),
+        o.generation,
+        o.now,
+    );
+    if blocked {
+        if o.status.phase != Some(Phase::Failed) {
+            phase::event(actions, true, "PreflightFailed", msg.clone());
+        }
+        phase::stalled(
+            st,
+            o,
+            Phase::Failed,
+            "PreflightFailed",
+            format!("{msg} (spec.preflight.policy: Enforce)"),
+        );
+    }
+    blocked
+}

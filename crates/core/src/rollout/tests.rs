@@ -1,0 +1,777 @@
+//! State-machine scenarios against the model (`model.rs`): each one names a
+//! behaviour and asserts it, and every one also asserts that no safety rule
+//! was broken on the way.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use saferollout_api::{DurationString, Phase, Stage, StageState};
+
+use super::model::{GPUS, Lag, Losses, Model, RESOURCE, Release};
+use super::*;
+use crate::conditions;
+
+fn settled(nodes: usize) -> Model {
+    let mut m = Model::new(nodes);
+    m.run(60);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    m
+}
+
+fn degraded_reason(m: &Model) -> Option<String> {
+    conditions::get(&m.status.conditions, conditions::DEGRADED)
+        .filter(|c| c.status == "True")
+        .map(|c| c.reason.clone())
+}
+
+fn no_violations(m: &Model) {
+    assert!(
+        m.violations.is_empty(),
+        "safety rules broken: {:#?}",
+        m.violations
+    );
+}
+
+fn stages(spec: &[(&str, bool)]) -> Vec<Stage> {
+    spec.iter()
+        .map(|(n, pause)| {
+            let nodes = match n.parse::<i32>() {
+                Ok(i) => IntOrString::Int(i),
+                Err(_) => IntOrString::String(n.to_string()),
+            };
+            Stage {
+                pause: *pause,
+                ..Stage::new(nodes)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn adopting_records_the_original_strategy_and_backs_up_first() {
+    let mut m = Model::new(4);
+    let d = m.one_reconcile();
+    assert_eq!(d.actions, vec![Action::TakeOverUpdates]);
+    assert_eq!(
+        m.status
+            .original_update_strategy
+            .as_ref()
+            .and_then(|s| s.type_.as_deref()),
+        Some("RollingUpdate")
+    );
+    let d = m.one_reconcile();
+    assert_eq!(
+        d.actions,
+        vec![Action::BackupTemplate {
+            revision: "v1".into()
+        }]
+    );
+    assert_eq!(m.status.stable_revision.as_deref(), Some("v1"));
+    m.run(10);
+    assert!(conditions::is_true(&m.status.conditions, conditions::READY));
+    assert!(m.labelled().is_empty());
+    assert_eq!(m.pods_on("v1"), 4, "adoption replaces no pod");
+    no_violations(&m);
+}
+
+#[test]
+fn a_healthy_revision_goes_through_every_stage_within_its_size() {
+    let mut m = settled(20);
+    m.write_revision("v2", Release::Healthy);
+    m.run(600);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert_eq!(m.status.stable_revision.as_deref(), Some("v2"));
+    assert_eq!(m.cluster.backup.as_deref(), Some("v2"));
+    assert!(m.all_on("v2"));
+    assert!(m.labelled().is_empty(), "labels must be removed at the end");
+    // Default stages 1, 10%, 50%, 100% of 20 nodes: 1, 2, 10, 20.
+    let sizes: Vec<usize> = m.status.stages.iter().map(|s| s.nodes.len()).collect();
+    assert_eq!(sizes, vec![1, 1, 8, 10]);
+    for (stage, limit) in [(0, 1), (1, 2), (2, 10), (3, 20)] {
+        assert!(
+            m.max_on_target[&stage] <= limit,
+            "stage {stage}: {} on target",
+            m.max_on_target[&stage]
+        );
+    }
+    assert!(
+        m.status
+            .stages
+            .iter()
+            .all(|s| s.state == StageState::Passed)
+    );
+    // Canary and second stage landed in different zones.
+    let canary = &m.status.stages[0].nodes[0];
+    let second = &m.status.stages[1].nodes[0];
+    assert_ne!(
+        m.cluster.nodes[canary].labels,
+        m.cluster.nodes[second].labels
+    );
+    no_violations(&m);
+}
+
+#[test]
+fn max_unavailable_limits_pods_replaced_at_once() {
+    let mut m = settled(10);
+    m.spec.stages = Some(stages(&[("100%", false)]));
+    m.spec.max_unavailable = IntOrString::Int(3);
+    // Pods of v2 never become Ready: the first three are all that go.
+    m.write_revision("v2", Release::Unready);
+    for _ in 0..30 {
+        let d = m.one_reconcile();
+        let _ = d;
+    }
+    assert_eq!(m.pods_on("v2"), 3, "3 in flight, none Ready");
+    no_violations(&m);
+}
+
+#[test]
+fn a_broken_release_is_reverted_at_the_canary() {
+    let mut m = settled(8);
+    m.write_revision("v2", Release::Broken);
+    m.run(200);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert_eq!(degraded_reason(&m).as_deref(), Some("AllocatableFailed"));
+    assert_eq!(
+        m.touched["v2"].len(),
+        1,
+        "only the canary got v2: {:?}",
+        m.touched["v2"]
+    );
+    assert!(m.all_on("v1"));
+    assert_eq!(m.cluster.ds.template, "v1");
+    let blocked = &m.status.blocked_revisions[0];
+    assert_eq!(blocked.revision, "v2");
+    assert_eq!(blocked.reason, "BelowMinimum");
+    assert!(
+        blocked.message.contains("is 0, expected >= 8"),
+        "{}",
+        blocked.message
+    );
+    assert!(m.labelled().is_empty());
+    assert!(!conditions::is_true(
+        &m.status.conditions,
+        conditions::READY
+    ));
+    assert!(conditions::is_true(
+        &m.status.conditions,
+        conditions::STALLED
+    ));
+    no_violations(&m);
+}
+
+#[test]
+fn a_quantity_in_thousands_is_judged_as_a_count() {
+    // Regression: "8k" read as nothing made the baseline 0, so a broken
+    // release passed the canary. Now it is 8000, and 0 is below it.
+    let mut m = Model::new(4);
+    m.run(60);
+    for n in m.cluster.nodes.values_mut() {
+        n.allocatable.insert(
+            RESOURCE.into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("8k".into()),
+        );
+    }
+    m.write_revision("v2", Release::Broken);
+    m.run(200);
+    assert_eq!(m.status.blocked_revisions[0].reason, "BelowMinimum");
+    assert_eq!(m.touched["v2"].len(), 1);
+    no_violations(&m);
+}
+
+#[test]
+fn a_failure_at_a_later_stage_reverts_every_node_within_the_budget() {
+    let mut m = settled(8);
+    m.write_revision("v2", Release::BrokenInZoneB);
+    m.run(400);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    let failed = m
+        .status
+        .stages
+        .iter()
+        .find(|s| s.state == StageState::Failed)
+        .unwrap();
+    assert!(
+        failed.index >= 1,
+        "the canary (zone a) passed; a later stage failed"
+    );
+    assert!(m.status.stages[0].state == StageState::Passed);
+    assert!(m.all_on("v1"));
+    no_violations(&m);
+}
+
+#[test]
+fn an_overcounting_release_is_reverted_by_the_ceiling() {
+    let mut m = settled(4);
+    m.write_revision("v2", Release::Overcount);
+    m.run(200);
+    assert_eq!(m.status.blocked_revisions[0].reason, "AboveMaximum");
+    assert!(m.all_on("v1"));
+    no_violations(&m);
+}
+
+#[test]
+fn a_crashlooping_release_fails_fast() {
+    let mut m = settled(4);
+    m.write_revision("v2", Release::Crashloop);
+    let start = m.now;
+    m.run(200);
+    assert_eq!(m.status.blocked_revisions[0].reason, "CrashLoopBackOff");
+    assert_eq!(degraded_reason(&m).as_deref(), Some("PodsReadyFailed"));
+    let took = m.status.blocked_revisions[0]
+        .blocked_at
+        .0
+        .duration_since(start);
+    assert!(took < jiff::SignedDuration::from_secs(10), "took {took:?}");
+    assert!(m.all_on("v1"));
+    no_violations(&m);
+}
+
+#[test]
+fn a_never_ready_release_fails_when_progress_stops_for_the_deadline() {
+    let mut m = settled(4);
+    m.spec.progress_deadline = DurationString::new("30s");
+    m.write_revision("v2", Release::Unready);
+    for _ in 0..25 {
+        m.one_reconcile();
+    }
+    assert!(
+        m.status.blocked_revisions.is_empty(),
+        "not before the deadline"
+    );
+    m.run(200);
+    assert_eq!(
+        m.status.blocked_revisions[0].reason,
+        "ProgressDeadlineExceeded"
+    );
+    no_violations(&m);
+}
+
+#[test]
+fn a_large_stage_replaced_one_by_one_is_not_reverted_for_being_large() {
+    // 40 nodes, one at a time, 2 s each: 80 s, far beyond a 30 s deadline
+    // counted from the stage start, but progress never stops for 30 s.
+    let mut m = settled(40);
+    m.spec.progress_deadline = DurationString::new("30s");
+    m.spec.stages = Some(stages(&[("1", false), ("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    m.run(2000);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.status.blocked_revisions.is_empty());
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn a_flapping_plugin_fails_at_the_deadline_instead_of_stalling() {
+    let mut m = settled(4);
+    m.spec.progress_deadline = DurationString::new("60s");
+    m.write_revision("v2", Release::Flap(3));
+    m.run(500);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    let reason = &m.status.blocked_revisions[0].reason;
+    assert!(reason == "Unstable" || reason == "BelowMinimum", "{reason}");
+    no_violations(&m);
+}
+
+#[test]
+fn a_blocked_revision_written_again_is_not_rolled() {
+    let mut m = settled(4);
+    m.write_revision("v2", Release::Broken);
+    m.run(200);
+    let touched = m.touched["v2"].clone();
+    // Helm applies the same template again.
+    m.write_revision("v2", Release::Broken);
+    m.run(50);
+    assert_eq!(m.cluster.ds.template, "v1", "restored again");
+    assert_eq!(m.touched["v2"], touched, "no node replaced");
+    assert_eq!(m.status.blocked_revisions.len(), 1);
+    no_violations(&m);
+}
+
+#[test]
+fn a_retry_unblocks_the_revision() {
+    let mut m = settled(4);
+    m.write_revision("v2", Release::Broken);
+    m.run(200);
+    m.retry = Some("v2".into());
+    // The release was fixed in place (same revision, now healthy) and applied again.
+    m.write_revision("v2", Release::Healthy);
+    m.run(300);
+    assert!(m.status.blocked_revisions.is_empty());
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    assert_eq!(m.status.last_retry.as_deref(), Some("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn spec_paused_replaces_nothing() {
+    let mut m = settled(4);
+    m.spec.paused = true;
+    m.write_revision("v2", Release::Healthy);
+    m.run(20);
+    assert_eq!(m.status.phase, Some(Phase::Paused));
+    assert!(conditions::is_true(
+        &m.status.conditions,
+        conditions::RECONCILING
+    ));
+    assert!(m.all_on("v1"));
+    m.spec.paused = false;
+    m.run(300);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn a_pausing_stage_waits_for_approval() {
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("1", true), ("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    m.run(100);
+    assert_eq!(m.status.phase, Some(Phase::Paused));
+    assert_eq!(m.status.stages[0].state, StageState::Paused);
+    assert_eq!(m.pods_on("v2"), 1);
+    m.approve = Some("0".into());
+    m.run(20);
+    assert_eq!(
+        m.status.phase,
+        Some(Phase::Paused),
+        "a bare index approves nothing"
+    );
+    m.approve = Some(approval_value("v2", 0));
+    m.run(200);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn stage_soak_holds_the_next_stage() {
+    let mut m = settled(4);
+    m.spec.stages = Some(vec![
+        Stage {
+            soak: DurationString::new("30s"),
+            ..Stage::new(IntOrString::Int(1))
+        },
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    m.write_revision("v2", Release::Healthy);
+    for _ in 0..25 {
+        m.one_reconcile();
+    }
+    assert_eq!(m.status.current_stage, Some(0));
+    assert_eq!(m.status.stages[0].state, StageState::Soaking);
+    m.run(200);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn gitops_applies_spec_template_and_rolls_it() {
+    let mut m = settled(4);
+    m.spec_hash = Some("h2".into());
+    m.run(300);
+    assert_eq!(m.cluster.ds.template, "spec-h2");
+    assert!(m.all_on("spec-h2"));
+    assert_eq!(m.status.phase, Some(Phase::Succeeded));
+    no_violations(&m);
+}
+
+#[test]
+fn gitops_blocked_spec_template_is_not_reapplied() {
+    let mut m = settled(4);
+    m.releases.insert("spec-bad".into(), Release::Broken);
+    m.spec_hash = Some("bad".into());
+    m.run(300);
+    assert_eq!(
+        m.status.blocked_revisions[0].template_hash.as_deref(),
+        Some("bad")
+    );
+    let applies = |m: &Model| {
+        m.actions_log
+            .iter()
+            .filter(|a| **a == Action::ApplySpecTemplate)
+            .count()
+    };
+    let before = applies(&m);
+    m.run(50);
+    assert_eq!(applies(&m), before);
+    assert!(m.all_on("v1"));
+    // A new spec.template is rolled.
+    m.spec_hash = Some("good".into());
+    m.run(300);
+    assert!(m.all_on("spec-good"));
+    no_violations(&m);
+}
+
+#[test]
+fn gitops_detects_a_human_edit_and_overwrites_nothing() {
+    let mut m = settled(4);
+    m.spec_hash = Some("h2".into());
+    m.run(300);
+    m.write_revision("hand", Release::Healthy);
+    for _ in 0..5 {
+        let d = m.one_reconcile();
+        assert!(
+            d.actions.iter().all(|a| matches!(a, Action::Event { .. })),
+            "{:?}",
+            d.actions
+        );
+    }
+    assert_eq!(m.status.phase, Some(Phase::Paused));
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.reason, "TemplateConflict");
+    assert!(m.all_on("spec-h2"));
+    // Reverting the edit resumes: the DaemonSet is back on a known revision.
+    m.write_revision("spec-h2", Release::Healthy);
+    m.run(50);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    no_violations(&m);
+}
+
+#[test]
+fn gitops_revert_of_spec_template_mid_rollout_honours_the_budget() {
+    // Regression: a Git revert mid-rollout replaced every updated node at once.
+    let mut m = settled(8);
+    m.spec.stages = Some(stages(&[("1", false), ("100%", false)]));
+    m.spec_hash = Some("v1h".into());
+    m.releases.insert("spec-v1h".into(), Release::Healthy);
+    m.run(300);
+    m.spec_hash = Some("v2h".into());
+    // Roll until most nodes are on v2.
+    for _ in 0..200 {
+        m.one_reconcile();
+        if m.pods_on("spec-v2h") >= 6 {
+            break;
+        }
+    }
+    assert!(m.pods_on("spec-v2h") >= 6);
+    m.spec_hash = Some("v1h".into());
+    m.run(400);
+    assert!(m.all_on("spec-v1h"));
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    no_violations(&m);
+}
+
+#[test]
+fn gitops_adopts_a_daemonset_already_on_spec_template_without_a_rollout() {
+    let mut m = Model::new(4);
+    m.releases.insert("spec-same".into(), Release::Healthy);
+    m.cluster.ds.template = "spec-same".into();
+    m.cluster.ds.revisions.insert("spec-same".into(), 2);
+    for p in m.cluster.pods.values_mut() {
+        p.revision = "spec-same".into();
+    }
+    m.spec_hash = Some("same".into());
+    m.run(50);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded));
+    assert!(!m.actions_log.contains(&Action::ApplySpecTemplate));
+    assert!(
+        !m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::DeletePods { .. }))
+    );
+    no_violations(&m);
+}
+
+#[test]
+fn a_lost_template_write_is_made_again() {
+    let mut m = settled(4);
+    m.spec_hash = Some("h2".into());
+    let d = m
+        .reconcile(
+            Lag::default(),
+            Losses {
+                status: false,
+                first_action: true,
+            },
+        )
+        .unwrap();
+    assert!(d.actions.contains(&Action::ApplySpecTemplate));
+    assert_eq!(m.cluster.ds.template, "v1", "the write was lost");
+    m.run(300);
+    assert!(m.all_on("spec-h2"), "{:#?}", m.status);
+    no_violations(&m);
+}
+
+#[test]
+fn lost_label_writes_are_redone_from_status() {
+    // Regression: labels were only asked for when a stage was planned.
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("1", true), ("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    m.one_reconcile(); // waits for the DaemonSet controller
+    let d = m
+        .reconcile(
+            Lag::default(),
+            Losses {
+                status: false,
+                first_action: true,
+            },
+        )
+        .unwrap();
+    let first_write = d
+        .actions
+        .iter()
+        .find(|a| !matches!(a, Action::Event { .. }));
+    assert!(
+        matches!(first_write, Some(Action::LabelNodes { .. })),
+        "{:?}",
+        d.actions
+    );
+    assert!(m.labelled().is_empty(), "lost");
+    m.advance();
+    m.one_reconcile();
+    assert_eq!(m.labelled().len(), 1, "labelled again from status");
+    no_violations(&m);
+}
+
+#[test]
+fn a_node_vanishing_mid_stage_is_let_go_and_replaced_in_the_plan() {
+    let mut m = settled(6);
+    m.write_revision("v2", Release::Unready);
+    m.one_reconcile();
+    m.one_reconcile();
+    let canary = m.status.stages[0].nodes[0].clone();
+    m.delete_node(&canary);
+    m.releases.insert("v2".into(), Release::Healthy);
+    m.run(400);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    assert!(
+        m.status.stages[0]
+            .skipped
+            .iter()
+            .any(|s| s.node == canary && s.reason == "NodeDeleted")
+    );
+    no_violations(&m);
+}
+
+#[test]
+fn a_not_ready_node_is_never_emptied_and_is_named_while_reverting() {
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("2", false), ("100%", false)]));
+    m.spec.max_unavailable = IntOrString::Int(2);
+    m.write_revision("v2", Release::BreaksAfter(6));
+    // Both canaries on v2, then one node goes NotReady before the failure.
+    for _ in 0..200 {
+        m.one_reconcile();
+        if m.pods_on("v2") == 2
+            && m.cluster
+                .pods
+                .values()
+                .filter(|p| p.revision == "v2")
+                .all(|p| p.ready)
+        {
+            break;
+        }
+    }
+    let sick = m
+        .cluster
+        .pods
+        .values()
+        .find(|p| p.revision == "v2")
+        .unwrap()
+        .node
+        .clone();
+    m.set_node_ready(&sick, false);
+    m.run(300);
+    assert!(
+        m.cluster
+            .pods
+            .values()
+            .any(|p| p.node == sick && p.revision == "v2"),
+        "not emptied"
+    );
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert!(
+        m.status.stuck_nodes.iter().any(|s| s.node == sick),
+        "{:#?}",
+        m.status.stuck_nodes
+    );
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert!(ready.message.contains(&sick), "{}", ready.message);
+    // When the node comes back, it is reverted too.
+    m.set_node_ready(&sick, true);
+    m.run(300);
+    assert!(m.all_on("v1"), "{:#?}\n{:#?}", m.status, m.cluster.pods);
+    assert!(m.status.stuck_nodes.is_empty());
+    no_violations(&m);
+}
+
+#[test]
+fn a_node_joining_mid_rollout_is_judged_with_the_current_stage() {
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("1", true), ("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    m.run(100);
+    assert_eq!(m.status.stages[0].state, StageState::Paused);
+    m.add_node("node-new", 1);
+    m.run(30);
+    let stage = &m.status.stages[0];
+    assert!(stage.nodes.contains(&"node-new".to_string()), "{stage:#?}");
+    assert!(
+        !stage.baseline.contains_key("node-new"),
+        "no before for a new node"
+    );
+    m.approve = Some(approval_value("v2", 0));
+    m.run(300);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn a_broken_release_on_a_joining_node_fails_its_gate() {
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("1", true), ("100%", false)]));
+    m.write_revision("v2", Release::BrokenInZoneB);
+    m.run(100);
+    // The canary is in zone a and passed; a zone-b node joins on v2.
+    m.add_node("node-new", 1);
+    m.run(200);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert!(m.status.blocked_revisions[0].message.contains("node-new"));
+    no_violations(&m);
+}
+
+#[test]
+fn decisions_are_deterministic_and_idle_status_is_stable() {
+    let mut m = settled(5);
+    m.write_revision("v2", Release::Healthy);
+    m.one_reconcile();
+    let a = m
+        .reconcile(
+            Lag::default(),
+            Losses {
+                status: true,
+                first_action: false,
+            },
+        )
+        .unwrap();
+    let b = m
+        .reconcile(
+            Lag::default(),
+            Losses {
+                status: true,
+                first_action: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(a.status, b.status);
+    assert_eq!(a.actions, b.actions);
+    assert_eq!(a.requeue_after, b.requeue_after);
+    m.run(300);
+    let idle = m.status.clone();
+    m.advance();
+    let d = m.one_reconcile();
+    assert_eq!(d.status, idle, "nothing changed, so status does not either");
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn abort_reverts_at_once_and_blocks_the_revision() {
+    let mut m = settled(6);
+    m.write_revision("v2", Release::Healthy);
+    m.one_reconcile();
+    m.one_reconcile();
+    m.abort = Some("v2".into());
+    m.run(100);
+    assert_eq!(m.status.phase, Some(Phase::Degraded));
+    assert_eq!(m.status.blocked_revisions[0].reason, "Aborted");
+    assert_eq!(degraded_reason(&m).as_deref(), Some("ManualFailed"));
+    assert!(m.all_on("v1"));
+    no_violations(&m);
+}
+
+#[test]
+fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
+    let m = Model::new(1);
+    let pods = crate::views::PodsByNode::new();
+    let nodes = crate::views::NodesByName::new();
+    let base = Observed {
+        spec: &m.spec,
+        generation: Some(1),
+        status: &m.status,
+        requests: Requests::default(),
+        owned_by_other: None,
+        preflight: None,
+        daemonset: None,
+        spec_template: None,
+        backup_revision: None,
+        pods: &pods,
+        nodes: &nodes,
+        rollout_id: "ns.plugin",
+        now: m.now,
+    };
+    let d = decide(&base);
+    assert!(d.actions.is_empty());
+    assert_eq!(d.status.phase, Some(saferollout_api::Phase::Pending));
+    let ready = conditions::get(&d.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.reason, "TargetNotFound");
+    assert!(ready.message.contains("\"plugin\""));
+    let conflict = decide(&Observed {
+        owned_by_other: Some("first"),
+        ..base
+    });
+    assert!(conflict.actions.is_empty(), "touches nothing");
+    let ready = conditions::get(&conflict.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.reason, "TargetConflict");
+    assert!(ready.message.contains("\"first\""), "{}", ready.message);
+}
+
+#[test]
+fn a_lost_restore_is_redone_and_the_phase_does_not_flip() {
+    let mut m = settled(4);
+    m.write_revision("v2", Release::Crashloop);
+    let mut phases = Vec::new();
+    for _ in 0..40 {
+        // Every first action lost while the revert is under way.
+        let lose = m.status.phase == Some(Phase::Progressing)
+            || m.status.phase == Some(Phase::RollingBack);
+        m.reconcile(
+            Lag::default(),
+            Losses {
+                status: false,
+                first_action: lose && m.cluster.ds.template == "v2",
+            },
+        );
+        m.advance();
+        if phases.last() != Some(&m.status.phase) {
+            phases.push(m.status.phase);
+        }
+    }
+    m.run(200);
+    assert!(m.all_on("v1"));
+    assert!(
+        !phases
+            .windows(3)
+            .any(|w| w[0] == w[2] && w[0] != w[1] && w[0] == Some(Phase::RollingBack)),
+        "RollingBack/Degraded flip-flop: {phases:?}"
+    );
+    no_violations(&m);
+}
+
+#[test]
+fn requeue_waits_exactly_for_a_soak() {
+    let mut m = settled(2);
+    m.spec.stages = Some(stages(&[("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    let mut saw = None;
+    for _ in 0..30 {
+        let d = m.one_reconcile();
+        if m.status.stages.first().is_some_and(|s| {
+            s.gates.iter().any(|g| {
+                g.reason == "WithinBounds" && g.status == saferollout_api::GateStatus::Pending
+            })
+        }) {
+            saw = d.requeue_after;
+            break;
+        }
+    }
+    let wait = saw.expect("the allocatable gate soaked");
+    assert!(
+        wait <= Duration::from_secs(10) && wait > Duration::from_secs(8),
+        "{wait:?}"
+    );
+    let _ = GPUS;
+}

@@ -1,0 +1,274 @@
+//! What the decision logic sees of the cluster: small views that borrow from
+//! the API objects the caller holds (the operator's caches, the CLI's lists,
+//! a test model), so building a snapshot of thousands of nodes copies no
+//! labels, taints or quantities.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{Affinity, Node, Pod, PodSpec, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use saferollout_api::{REVISION_HASH_LABEL, ZONE_LABEL, quantity_count};
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+static NO_QUANTITIES: BTreeMap<String, Quantity> = BTreeMap::new();
+
+/// One agent pod of the target DaemonSet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AgentPod<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+    /// `metadata.resourceVersion`: which state of the pod this view shows.
+    pub resource_version: &'a str,
+    pub node: &'a str,
+    /// The pod's `controller-revision-hash` label.
+    pub revision: &'a str,
+    pub running: bool,
+    pub ready: bool,
+    /// Being deleted (has a deletion timestamp), or deleted by the operator
+    /// moments ago and not yet seen so in the cache.
+    pub deleting: bool,
+    /// `state.waiting.reason` of the first container that waits (CrashLoopBackOff, ...).
+    pub waiting_reason: Option<&'a str>,
+    pub waiting_message: Option<&'a str>,
+    pub restarts: i32,
+}
+
+impl<'a> AgentPod<'a> {
+    /// The view of a pod bound to a node; `None` for a pod not yet scheduled.
+    pub fn of(pod: &'a Pod) -> Option<Self> {
+        let node = pod.spec.as_ref()?.node_name.as_deref()?;
+        let status = pod.status.as_ref();
+        let containers = status
+            .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or_default();
+        let waiting = containers
+            .iter()
+            .find_map(|c| c.state.as_ref()?.waiting.as_ref());
+        Some(AgentPod {
+            name: pod.metadata.name.as_deref().unwrap_or_default(),
+            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+            resource_version: pod.metadata.resource_version.as_deref().unwrap_or_default(),
+            node,
+            revision: pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(REVISION_HASH_LABEL))
+                .map(String::as_str)
+                .unwrap_or_default(),
+            running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            waiting_reason: waiting.and_then(|w| w.reason.as_deref()),
+            waiting_message: waiting.and_then(|w| w.message.as_deref()),
+            restarts: containers
+                .iter()
+                .map(|c| c.restart_count)
+                .max()
+                .unwrap_or(0),
+        })
+    }
+
+    /// Running and Ready, not going away: the agent serves.
+    pub fn is_available(&self) -> bool {
+        !self.deleting && self.running && self.ready
+    }
+}
+
+/// One node.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeView<'a> {
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// The Ready condition is True.
+    pub ready: bool,
+    pub taints: &'a [Taint],
+    /// `status.allocatable`, as quantities.
+    pub allocatable: &'a BTreeMap<String, Quantity>,
+}
+
+impl<'a> NodeView<'a> {
+    pub fn of(node: &'a Node) -> Self {
+        let status = node.status.as_ref();
+        NodeView {
+            name: node.metadata.name.as_deref().unwrap_or_default(),
+            labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            taints: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default(),
+            allocatable: status
+                .and_then(|s| s.allocatable.as_ref())
+                .unwrap_or(&NO_QUANTITIES),
+        }
+    }
+
+    /// `topology.kubernetes.io/zone`.
+    pub fn zone(&self) -> Option<&'a str> {
+        self.labels.get(ZONE_LABEL).map(String::as_str)
+    }
+
+    /// The allocatable count of `resource` (0 when absent or not a whole count).
+    pub fn allocatable_count(&self, resource: &str) -> i64 {
+        self.allocatable
+            .get(resource)
+            .and_then(quantity_count)
+            .unwrap_or(0)
+    }
+
+    pub fn label(&self, key: &str) -> Option<&'a str> {
+        self.labels.get(key).map(String::as_str)
+    }
+}
+
+/// Where the DaemonSet's pods may run: what the DaemonSet controller reads to
+/// decide whether a node should run one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement<'a> {
+    pub node_selector: Option<&'a BTreeMap<String, String>>,
+    pub affinity: Option<&'a Affinity>,
+    pub tolerations: &'a [Toleration],
+    pub host_network: bool,
+}
+
+impl<'a> Placement<'a> {
+    pub fn of(spec: Option<&'a PodSpec>) -> Self {
+        let Some(spec) = spec else {
+            return Placement::default();
+        };
+        Placement {
+            node_selector: spec.node_selector.as_ref(),
+            affinity: spec.affinity.as_ref(),
+            tolerations: spec.tolerations.as_deref().unwrap_or_default(),
+            host_network: spec.host_network.unwrap_or(false),
+        }
+    }
+}
+
+/// The target DaemonSet.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonSetView<'a> {
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub update_strategy: Option<&'a DaemonSetUpdateStrategy>,
+    /// The revision (`controller-revision-hash`) whose template the DaemonSet
+    /// carries now, found by content among its ControllerRevisions; `None`
+    /// while the DaemonSet controller has not recorded it yet.
+    pub current_revision: Option<&'a str>,
+    /// Every revision the DaemonSet still has a ControllerRevision for.
+    pub known_revisions: Vec<&'a str>,
+    pub placement: Placement<'a>,
+}
+
+impl<'a> DaemonSetView<'a> {
+    /// The view of `ds`, with the current revision found by the caller (see
+    /// [`crate::revision::current_revision`]).
+    pub fn of(
+        ds: &'a DaemonSet,
+        current_revision: Option<&'a str>,
+        known_revisions: Vec<&'a str>,
+    ) -> Self {
+        DaemonSetView {
+            generation: ds.metadata.generation.unwrap_or(0),
+            observed_generation: ds
+                .status
+                .as_ref()
+                .and_then(|s| s.observed_generation)
+                .unwrap_or(0),
+            update_strategy: ds.spec.update_strategy.as_ref(),
+            current_revision,
+            known_revisions,
+            placement: Placement::of(ds.spec.template.spec.as_ref()),
+        }
+    }
+
+    pub fn is_on_delete(&self) -> bool {
+        self.update_strategy.and_then(|s| s.type_.as_deref()) == Some("OnDelete")
+    }
+
+    /// The DaemonSet controller has seen the DaemonSet's latest spec.
+    pub fn is_observed(&self) -> bool {
+        self.observed_generation >= self.generation
+    }
+
+    pub fn knows(&self, revision: &str) -> bool {
+        self.known_revisions.contains(&revision)
+    }
+}
+
+/// Agent pods by node name.
+pub type PodsByNode<'a> = BTreeMap<&'a str, Vec<AgentPod<'a>>>;
+
+/// Groups pods by their node.
+pub fn pods_by_node<'a>(pods: impl IntoIterator<Item = AgentPod<'a>>) -> PodsByNode<'a> {
+    let mut out: PodsByNode<'a> = BTreeMap::new();
+    for p in pods {
+        out.entry(p.node).or_default().push(p);
+    }
+    out
+}
+
+/// Nodes by name.
+pub type NodesByName<'a> = BTreeMap<&'a str, NodeView<'a>>;
+
+/// The live (not terminating) pods on `node`.
+pub fn live_pods<'p, 'a>(
+    pods: &'p PodsByNode<'a>,
+    node: &str,
+) -> impl Iterator<Item = &'p AgentPod<'a>> {
+    pods.get(node).into_iter().flatten().filter(|p| !p.deleting)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pod_view_reads_status_and_revision() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u1", "labels": {"controller-revision-hash": "abc"}},
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true, "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}
+        }))
+        .unwrap();
+        let v = AgentPod::of(&pod).unwrap();
+        assert_eq!(
+            (v.name, v.uid, v.node, v.revision),
+            ("p", "u1", "n1", "abc")
+        );
+        assert!(v.running && v.ready && !v.deleting && v.is_available());
+        assert_eq!(v.waiting_reason, Some("CrashLoopBackOff"));
+        assert_eq!(v.restarts, 3);
+        let unscheduled: Pod = serde_json::from_value(json!({"metadata": {"name": "q"}})).unwrap();
+        assert!(AgentPod::of(&unscheduled).is_none());
+    }
+
+    #[test]
+    fn node_view_parses_quantities_and_readiness() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"gpu.intel.com/millicores": "8k", "example.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "False"}]}
+        }))
+        .unwrap();
+        let v = NodeView::of(&node);
+        assert_eq!(v.zone(), Some("a"));
+        assert!(!v.ready);
+        assert_eq!(v.taints.len(), 1);
+        assert_eq!(v.allocatable_count("gpu.intel.com/millicores"), 8000);
+        assert_eq!(v.allocatable_count("example.com/gpu"), 8);
+        assert_eq!(v.allocatable_count("absent"), 0);
+    }
+}

@@ -1,0 +1,623 @@
+//! The caches every decision reads, and the triggers that wake reconciles.
+//!
+//! One reflector per resource and watched namespace (cluster-wide for nodes;
+//! one for all namespaces when none are listed), each a consistent LIST then
+//! a WATCH, with what decisions never read pruned away before it is stored
+//! (managed fields, most of a pod's spec, a node's images and addresses, ...).
+//! They run on every replica, leader or not, so a new leader decides at once
+//! from warm caches. Reflector events map to the SafeRollouts they concern
+//! and are sent to the leader's work queue ([`Triggers`]); a follower drops
+//! them.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch};
+use kube::{Client, Resource, ResourceExt};
+use saferollout_api::{REVISION_HASH_LABEL, SafeRollout};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::debug;
+
+use crate::metrics::Metrics;
+
+/// Where reconcile requests go: the leader's queue, or nowhere on a follower.
+#[derive(Default)]
+pub struct Triggers {
+    queue: Mutex<Option<UnboundedSender<ObjectRef<SafeRollout>>>>,
+}
+
+impl Triggers {
+    pub fn send(&self, r: ObjectRef<SafeRollout>) {
+        if let Some(tx) = self
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send(r);
+        }
+    }
+
+    pub fn attach(&self, tx: Option<UnboundedSender<ObjectRef<SafeRollout>>>) {
+        *self.queue.lock().unwrap_or_else(|e| e.into_inner()) = tx;
+    }
+}
+
+/// Stores of one namespaced resource: one per watched namespace, or one for all.
+pub struct NsStores<K: Resource + 'static>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    all: Option<Store<K>>,
+    by_namespace: HashMap<String, Store<K>>,
+}
+
+impl<K> NsStores<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    /// The store holding `namespace`'s objects.
+    pub fn get(&self, namespace: &str) -> Option<&Store<K>> {
+        self.all
+            .as_ref()
+            .or_else(|| self.by_namespace.get(namespace))
+    }
+
+    pub fn stores(&self) -> impl Iterator<Item = &Store<K>> {
+        self.all.iter().chain(self.by_namespace.values())
+    }
+
+    /// The objects of `namespace`.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<K>> {
+        let Some(store) = self.get(namespace) else {
+            return Vec::new();
+        };
+        let all = store.state();
+        if self.all.is_some() {
+            all.into_iter()
+                .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
+                .collect()
+        } else {
+            all
+        }
+    }
+}
+
+/// Every cache.
+pub struct Caches {
+    pub rollouts: NsStores<SafeRollout>,
+    /// Every SafeRollout in one store, whatever the namespaces watched: the
+    /// work queue looks objects up there.
+    pub all_rollouts: Store<SafeRollout>,
+    pub daemonsets: NsStores<DaemonSet>,
+    pub pods: NsStores<Pod>,
+    pub revisions: NsStores<ControllerRevision>,
+    pub nodes: Store<Node>,
+    /// True once every store has been listed (see [`Caches::wait_until_synced`]).
+    synced: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Caches {
+    /// Every SafeRollout of `namespace`.
+    pub fn rollouts_in(&self, namespace: &str) -> Vec<Arc<SafeRollout>> {
+        self.rollouts.in_namespace(namespace)
+    }
+
+    /// Every SafeRollout.
+    pub fn every_rollout(&self) -> Vec<Arc<SafeRollout>> {
+        self.rollouts.stores().flat_map(|s| s.state()).collect()
+    }
+
+    /// Resolves once every cache has been listed. Any number of tasks may
+    /// wait: one task waits on the stores themselves (a store wakes only one
+    /// waiter at a time) and tells the others.
+    pub async fn wait_until_synced(&self) {
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|s| *s).await;
+    }
+
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+}
+
+/// Waits for every store in turn, then reports it on `tx`.
+async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>) {
+    for s in caches.rollouts.stores() {
+        let _ = s.wait_until_ready().await;
+    }
+    for s in caches.daemonsets.stores() {
+        let _ = s.wait_until_ready().await;
+    }
+    for s in caches.pods.stores() {
+        let _ = s.wait_until_ready().await;
+    }
+    for s in caches.revisions.stores() {
+        let _ = s.wait_until_ready().await;
+    }
+    let _ = caches.nodes.wait_until_ready().await;
+    let _ = tx.send(true);
+}
+
+/// What is kept of each object: only what decisions read.
+mod prune {
+    use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+
+    pub fn meta(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        m.managed_fields = None;
+    }
+
+    pub fn pod(p: &mut Pod) {
+        meta(&mut p.metadata);
+        p.metadata.annotations = None;
+        if let Some(spec) = p.spec.take() {
+            p.spec = Some(PodSpec {
+                node_name: spec.node_name,
+                containers: spec
+                    .containers
+                    .into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        if let Some(st) = p.status.as_mut() {
+            st.conditions
+                .get_or_insert_default()
+                .retain(|c| c.type_ == "Ready");
+            st.host_ip = None;
+            st.host_ips = None;
+            st.pod_ip = None;
+            st.pod_ips = None;
+            st.init_container_statuses = None;
+            for c in st.container_statuses.iter_mut().flatten() {
+                c.image_id.clear();
+                c.container_id = None;
+                c.last_state = None;
+            }
+        }
+    }
+
+    pub fn node(n: &mut Node) {
+        meta(&mut n.metadata);
+        n.metadata.annotations = None;
+        if let Some(spec) = n.spec.as_mut() {
+            spec.pod_cidr = None;
+            spec.pod_cidrs = None;
+            spec.provider_id = None;
+        }
+        if let Some(st) = n.status.as_mut() {
+            st.images = None;
+            st.node_info = None;
+            st.addresses = None;
+            st.daemon_endpoints = None;
+            st.volumes_attached = None;
+            st.volumes_in_use = None;
+            st.conditions
+                .get_or_insert_default()
+                .retain(|c| c.type_ == "Ready");
+            // Only extended resources (domain-prefixed names) are gated.
+            for q in [st.allocatable.as_mut(), st.capacity.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                q.retain(|k, _| k.contains('/'));
+            }
+        }
+    }
+}
+
+/// Builds the stores for the watched namespaces (`None`: all) and spawns the
+/// reflectors; their events go to `triggers` through `route`.
+pub fn start(
+    client: &Client,
+    namespaces: &[String],
+    metrics: &Arc<Metrics>,
+    triggers: &Arc<Triggers>,
+) -> Arc<Caches> {
+    let pods_config = || watcher::Config::default().labels(REVISION_HASH_LABEL);
+    let (nodes, nodes_writer) = reflector::store::<Node>();
+    let (all_rollouts, all_rollouts_writer) = reflector::store::<SafeRollout>();
+    let (synced_tx, synced) = tokio::sync::watch::channel(false);
+    let mut caches = Caches {
+        synced,
+        all_rollouts,
+        rollouts: ns_stores(),
+        daemonsets: ns_stores(),
+        pods: ns_stores(),
+        revisions: ns_stores(),
+        nodes,
+    };
+    let mut writers = Writers::default();
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    for ns in &scopes {
+        writers
+            .rollouts
+            .push((*ns, add_store(&mut caches.rollouts, *ns)));
+        writers
+            .daemonsets
+            .push((*ns, add_store(&mut caches.daemonsets, *ns)));
+        writers.pods.push((*ns, add_store(&mut caches.pods, *ns)));
+        writers
+            .revisions
+            .push((*ns, add_store(&mut caches.revisions, *ns)));
+    }
+    let caches = Arc::new(caches);
+    tokio::spawn(report_synced(caches.clone(), synced_tx));
+    let route = Router {
+        caches: caches.clone(),
+        triggers: triggers.clone(),
+        merged: Arc::new(Mutex::new(all_rollouts_writer)),
+    };
+    for (ns, w) in writers.rollouts {
+        let r = route.clone();
+        reflect(
+            api(client, ns),
+            watcher::Config::default(),
+            w,
+            metrics,
+            |_| {},
+            move |ev| r.rollout_event(ev),
+        );
+    }
+    for (ns, w) in writers.daemonsets {
+        let r = route.clone();
+        reflect(
+            api(client, ns),
+            watcher::Config::default(),
+            w,
+            metrics,
+            |d: &mut DaemonSet| prune::meta(&mut d.metadata),
+            move |ev| r.daemonset_event(ev),
+        );
+    }
+    for (ns, w) in writers.pods {
+        let r = route.clone();
+        reflect(
+            api(client, ns),
+            pods_config(),
+            w,
+            metrics,
+            prune::pod,
+            move |ev| r.pod_event(ev),
+        );
+    }
+    for (ns, w) in writers.revisions {
+        let r = route.clone();
+        reflect(
+            api(client, ns),
+            watcher::Config::default(),
+            w,
+            metrics,
+            |c: &mut ControllerRevision| prune::meta(&mut c.metadata),
+            move |ev| r.revision_event(ev),
+        );
+    }
+    let r = route.clone();
+    let mut fingerprints: HashMap<String, u64> = HashMap::new();
+    reflect(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        nodes_writer,
+        metrics,
+        prune::node,
+        move |ev| r.node_event(ev, &mut fingerprints),
+    );
+    caches
+}
+
+#[derive(Default)]
+struct Writers<'a> {
+    rollouts: Vec<(Option<&'a str>, reflector::store::Writer<SafeRollout>)>,
+    daemonsets: Vec<(Option<&'a str>, reflector::store::Writer<DaemonSet>)>,
+    pods: Vec<(Option<&'a str>, reflector::store::Writer<Pod>)>,
+    revisions: Vec<(
+        Option<&'a str>,
+        reflector::store::Writer<ControllerRevision>,
+    )>,
+}
+
+fn ns_stores<K: Resource + 'static>() -> NsStores<K>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    NsStores {
+        all: None,
+        by_namespace: HashMap::new(),
+    }
+}
+
+fn add_store<K>(stores: &mut NsStores<K>, ns: Option<&str>) -> reflector::store::Writer<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+{
+    let (store, writer) = reflector::store::<K>();
+    match ns {
+        None => stores.all = Some(store),
+        Some(ns) => {
+            stores.by_namespace.insert(ns.to_string(), store);
+        }
+    }
+    writer
+}
+
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Spawns one reflector: list + watch (consistent list, not the API server's
+/// possibly stale cache), prune, store, then hand each event to `on_event`.
+/// A list after the first (the watch broke or expired) counts as a restart.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    metrics: &Arc<Metrics>,
+    prune: impl FnMut(&mut K) + Send + 'static,
+    mut on_event: impl FnMut(&Event<K>) + Send + 'static,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let metrics = metrics.clone();
+    let resource = K::plural(&()).to_string();
+    let stream = watch(api, config)
+        .default_backoff()
+        .modify(prune)
+        .reflect(writer);
+    tokio::spawn(drive(stream, move |ev| match &ev {
+        Ok(e @ Event::Init) => {
+            on_event(e);
+        }
+        Ok(e) => on_event(e),
+        Err(e) => {
+            debug!(%resource, error = %e, "watch error; the watcher backs off and lists again");
+            metrics.watch_restarted(&resource);
+        }
+    }));
+}
+
+async fn drive<S, T>(stream: S, mut f: impl FnMut(T))
+where
+    S: Stream<Item = T>,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        f(item);
+    }
+}
+
+/// Maps cache events to the SafeRollouts they concern.
+#[derive(Clone)]
+struct Router {
+    caches: Arc<Caches>,
+    triggers: Arc<Triggers>,
+    /// Feeds [`Caches::all_rollouts`].
+    merged: Arc<Mutex<reflector::store::Writer<SafeRollout>>>,
+}
+
+impl Router {
+    /// SafeRollouts of `namespace` targeting DaemonSet `name`.
+    fn targeting(&self, namespace: Option<&str>, name: &str) {
+        let Some(ns) = namespace else { return };
+        for sr in self.caches.rollouts_in(ns) {
+            if sr.spec.target_ref.name == name {
+                self.triggers.send(ObjectRef::from_obj(&*sr));
+            }
+        }
+    }
+
+    fn all_in(&self, namespace: Option<&str>) {
+        let rollouts = match namespace {
+            Some(ns) => self.caches.rollouts_in(ns),
+            None => self.caches.every_rollout(),
+        };
+        for sr in rollouts {
+            self.triggers.send(ObjectRef::from_obj(&*sr));
+        }
+    }
+
+    fn rollout_event(&self, ev: &Event<SafeRollout>) {
+        let mut merged = self.merged.lock().unwrap_or_else(|e| e.into_inner());
+        match ev {
+            Event::Apply(sr) | Event::Delete(sr) => {
+                merged.apply_watcher_event(ev);
+                drop(merged);
+                self.triggers.send(ObjectRef::from_obj(sr));
+                // A deleted owner frees its DaemonSet for a waiting SafeRollout.
+                self.targeting(sr.namespace().as_deref(), &sr.spec.target_ref.name);
+            }
+            Event::InitDone => {
+                // A namespace (re)listed: rebuild the merged store from every one.
+                merged.apply_watcher_event(&Event::Init);
+                for sr in self.caches.every_rollout() {
+                    merged.apply_watcher_event(&Event::InitApply((*sr).clone()));
+                }
+                merged.apply_watcher_event(&Event::InitDone);
+                drop(merged);
+                self.all_in(None);
+            }
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    fn daemonset_event(&self, ev: &Event<DaemonSet>) {
+        match ev {
+            Event::Apply(ds) | Event::Delete(ds) | Event::InitApply(ds) => {
+                self.targeting(ds.namespace().as_deref(), &ds.name_any())
+            }
+            Event::Init | Event::InitDone => {}
+        }
+    }
+
+    fn pod_event(&self, ev: &Event<Pod>) {
+        match ev {
+            Event::Apply(p) | Event::Delete(p) => {
+                if let Some(owner) = p.owner_references().iter().find(|o| o.kind == "DaemonSet") {
+                    self.targeting(p.namespace().as_deref(), &owner.name);
+                }
+            }
+            Event::InitDone => self.all_in(None),
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    fn revision_event(&self, ev: &Event<ControllerRevision>) {
+        match ev {
+            Event::Apply(cr) | Event::Delete(cr) => {
+                let ns = cr.namespace();
+                for owner in cr.owner_references() {
+                    match owner.kind.as_str() {
+                        "DaemonSet" => self.targeting(ns.as_deref(), &owner.name),
+                        // Our own backup.
+                        "SafeRollout" => {
+                            if let Some(ns) = &ns {
+                                self.triggers.send(ObjectRef::new(&owner.name).within(ns));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Event::InitDone => self.all_in(None),
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    /// Nodes change often (heartbeats, conditions): only what decisions read
+    /// wakes every SafeRollout.
+    fn node_event(&self, ev: &Event<Node>, fingerprints: &mut HashMap<String, u64>) {
+        match ev {
+            Event::Apply(n) => {
+                let fp = node_fingerprint(n);
+                if fingerprints.insert(n.name_any(), fp) != Some(fp) {
+                    self.all_in(None);
+                }
+            }
+            Event::Delete(n) => {
+                fingerprints.remove(&n.name_any());
+                self.all_in(None);
+            }
+            Event::InitApply(n) => {
+                fingerprints.insert(n.name_any(), node_fingerprint(n));
+            }
+            Event::Init => fingerprints.clear(),
+            Event::InitDone => self.all_in(None),
+        }
+    }
+}
+
+/// What of a node decisions read: labels, taints, readiness, allocatable.
+fn node_fingerprint(n: &Node) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    n.metadata.labels.hash(&mut h);
+    if let Some(spec) = &n.spec {
+        for t in spec.taints.iter().flatten() {
+            (&t.key, &t.value, &t.effect).hash(&mut h);
+        }
+        spec.unschedulable.hash(&mut h);
+    }
+    if let Some(st) = &n.status {
+        for (k, v) in st.allocatable.iter().flatten() {
+            (k, &v.0).hash(&mut h);
+        }
+        for c in st
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| c.type_ == "Ready")
+        {
+            c.status.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_does_not_change_the_fingerprint_but_readiness_does() {
+        let node = |ready: &str, beat: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
+                "allocatable": {"example.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": beat}]}}))
+            .unwrap()
+        };
+        assert_eq!(
+            node_fingerprint(&node("True", "2026-01-01T00:00:00Z")),
+            node_fingerprint(&node("True", "2026-01-01T00:00:10Z"))
+        );
+        assert_ne!(
+            node_fingerprint(&node("True", "2026-01-01T00:00:00Z")),
+            node_fingerprint(&node("False", "2026-01-01T00:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn pruning_keeps_what_decisions_read() {
+        let mut n: Node = serde_json::from_value(json!({"metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"cpu": "4", "example.com/gpu": "8"}, "images": [{"names": ["i"]}],
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}]}}))
+        .unwrap();
+        prune::node(&mut n);
+        let v = saferollout_core::views::NodeView::of(&n);
+        assert!(v.ready);
+        assert_eq!(v.allocatable_count("example.com/gpu"), 8);
+        assert_eq!(v.taints.len(), 1);
+        assert_eq!(v.labels.len(), 1);
+        assert!(n.metadata.annotations.is_none());
+        assert!(n.status.as_ref().unwrap().images.is_none());
+        assert_eq!(
+            n.status
+                .as_ref()
+                .unwrap()
+                .allocatable
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
+        );
+
+        let mut p: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "labels": {"controller-revision-hash": "r"}},
+            "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i", "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}]}}))
+        .unwrap();
+        prune::pod(&mut p);
+        let v = saferollout_core::views::AgentPod::of(&p).unwrap();
+        assert!(v.ready && v.running);
+        assert_eq!(v.node, "n");
+        assert!(
+            !serde_json::to_string(&p).unwrap().contains("s3cr3t"),
+            "no env values kept"
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! The controller's errors, each with the label the error metric uses and
+//! whether a fast retry is right.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::finalizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer error: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    #[error("serialization error: {0}")]
+    Serde(#[from] serde_json::Error),
+    #[error("the last good template is missing: {0}")]
+    MissingBackup(String),
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+    #[error("the DaemonSet's spec changed since it was read; retrying with fresh caches")]
+    StaleDaemonSet,
+    #[error("this replica does not hold the leader lease; not writing")]
+    NotLeader,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The error itself, seen through the finalizer's wrapping.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Finalizer(f) => match &**f {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.root(),
+                _ => self,
+            },
+            other => other,
+        }
+    }
+
+    /// The `error` label of `saferollout_reconcile_errors_total`: the kind of
+    /// the underlying error, not the wrapper it came through.
+    pub fn metric_label(&self) -> String {
+        match self.root() {
+            Error::Kube(kube::Error::Api(s)) => format!("api_{}", s.reason.to_lowercase()),
+            Error::Kube(_) => "kube".into(),
+            Error::Finalizer(f) => match &**f {
+                finalizer::Error::AddFinalizer(_) => "finalizer_add".into(),
+                finalizer::Error::RemoveFinalizer(_) => "finalizer_remove".into(),
+                _ => "finalizer".into(),
+            },
+            Error::Serde(_) => "serde".into(),
+            Error::MissingBackup(_) => "missing_backup".into(),
+            Error::MissingField(_) => "missing_field".into(),
+            Error::StaleDaemonSet => "stale_daemonset".into(),
+            Error::NotLeader => "not_leader".into(),
+        }
+    }
+
+    /// What to do next: conflicts resolve on the next pass with fresh caches
+    /// (retry at once); losing the lease ends the work; anything else backs off.
+    pub fn requeue(&self) -> Requeue {
+        match self.root() {
+            Error::StaleDaemonSet => Requeue::requeue(Duration::from_millis(200)),
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
+                Requeue::requeue(Duration::from_millis(200))
+            }
+            Error::Finalizer(f) if matches!(&**f, finalizer::Error::AddFinalizer(kube::Error::Api(s)) | finalizer::Error::RemoveFinalizer(kube::Error::Api(s)) if s.code == 409) => {
+                Requeue::requeue(Duration::from_millis(200))
+            }
+            Error::NotLeader => Requeue::await_change(),
+            _ => Requeue::requeue(Duration::from_secs(5)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conflict() -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("the object has been modified", "Conflict")
+                .with_code(409)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_wrapped_error_keeps_its_own_label_and_retry() {
+        let wrapped = Error::Finalizer(Box::new(finalizer::Error::ApplyFailed(Error::Kube(
+            conflict(),
+        ))));
+        assert_eq!(wrapped.metric_label(), "api_conflict");
+        assert_eq!(
+            wrapped.requeue(),
+            Requeue::requeue(Duration::from_millis(200))
+        );
+        let stale = Error::Finalizer(Box::new(finalizer::Error::ApplyFailed(
+            Error::StaleDaemonSet,
+        )));
+        assert_eq!(stale.metric_label(), "stale_daemonset");
+        assert_eq!(
+            stale.requeue(),
+            Requeue::requeue(Duration::from_millis(200))
+        );
+        let add = Error::Finalizer(Box::new(finalizer::Error::AddFinalizer(conflict())));
+        assert_eq!(add.metric_label(), "finalizer_add");
+        assert_eq!(add.requeue(), Requeue::requeue(Duration::from_millis(200)));
+        assert_eq!(
+            Error::MissingField("x").requeue(),
+            Requeue::requeue(Duration::from_secs(5))
+        );
+        assert_eq!(Error::NotLeader.requeue(), Requeue::await_change());
+    }
+}

@@ -1,0 +1,579 @@
+//! The SafeRollout controller, as a pipeline: dereference (read the caches,
+//! [`snapshot`]), decide (pure, `saferollout_core`), write status, act
+//! ([`writes`]). Only the first and the last two touch the API.
+//!
+//! Runtime pieces around it:
+//! - [`caches`]: reflectors on every resource the decisions read (pruned), and
+//!   the triggers that wake reconciles;
+//! - the leader lease ([`crate::leader`]): only the leader runs the work queue
+//!   and every write checks the fence;
+//! - in memory, per SafeRollout, only what the caches cannot show yet (the
+//!   status version last written, pods deleted and the DaemonSet generation
+//!   written moments ago, a dry-run result): losing it on restart is safe.
+
+pub mod caches;
+pub mod error;
+pub mod snapshot;
+pub mod writes;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::controller::{Action as Requeue, Config as QueueConfig, applier};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use saferollout_api::{FINALIZER, LastGoodTemplate, Phase, SafeRollout, SafeRolloutStatus};
+use saferollout_core::expectations::Expectations;
+use saferollout_core::rollout::{Action, SpecTemplate, set_stalled};
+use saferollout_core::transitions;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::leader::{Fence, Leadership};
+use crate::metrics::Metrics;
+use caches::{Caches, Triggers};
+pub use error::{Error, Result};
+use snapshot::{Extras, TemplateCache, backup_name};
+
+/// `(namespace, name)` of a SafeRollout.
+pub type RolloutKey = (String, String);
+
+/// What the operator remembers of one SafeRollout between passes.
+#[derive(Default)]
+pub struct RolloutMemory {
+    /// Resource version of our last status write: the cache can lag behind
+    /// it, and deciding from an older status would redo a plan.
+    pub status_version: Option<u64>,
+    pub expectations: Expectations,
+    /// DaemonSet (uid, generation) and spec.template hash a dry run was made
+    /// for, and its answer.
+    pub in_place: Option<((String, i64, String), bool)>,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub caches: Arc<Caches>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub fence: Arc<Fence>,
+    memory: Mutex<HashMap<RolloutKey, RolloutMemory>>,
+    templates: TemplateCache,
+}
+
+impl Context {
+    /// Runs `f` on the memory of `key`.
+    pub fn memory<R>(&self, key: &RolloutKey, f: impl FnOnce(&mut RolloutMemory) -> R) -> R {
+        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        f(all.entry(key.clone()).or_default())
+    }
+
+    fn forget(&self, key: &RolloutKey) {
+        self.memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    pub fn rollout_id(&self, key: &RolloutKey) -> String {
+        rollout_id(&key.0, &key.1)
+    }
+}
+
+/// A label value identifying a SafeRollout on nodes (`<namespace>.<name>`, hashed when too long).
+pub fn rollout_id(namespace: &str, name: &str) -> String {
+    let id = format!("{namespace}.{name}");
+    if id.len() <= 63 {
+        return id;
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hex}", &id[..40])
+}
+
+fn key_of(sr: &SafeRollout) -> Result<RolloutKey> {
+    Ok((
+        sr.namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?,
+        sr.name_any(),
+    ))
+}
+
+/// The cached object is older than our own last status write.
+fn is_stale(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> bool {
+    let cached = sr
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    let written = ctx.memory(key, |m| m.status_version);
+    matches!((cached, written), (Some(c), Some(w)) if c < w)
+}
+
+pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeue> {
+    let started = Instant::now();
+    let key = key_of(&sr)?;
+    if !ctx.fence.is_open() {
+        return Err(Error::NotLeader);
+    }
+    if is_stale(&sr, &ctx, &key) {
+        // The watch delivers our write in a moment and triggers a fresh pass.
+        return Ok(Requeue::requeue(Duration::from_millis(200)));
+    }
+    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &key.0);
+    let result = finalizer(&api, FINALIZER, sr, |event| async {
+        match event {
+            Finalizer::Apply(sr) => apply(&sr, &ctx, &key).await,
+            Finalizer::Cleanup(sr) => cleanup(&sr, &ctx, &key).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    let label = match &result {
+        Ok(_) => "success",
+        Err(e) if matches!(e.requeue(), r if r == Requeue::requeue(Duration::from_millis(200))) => {
+            "requeue"
+        }
+        Err(_) => "error",
+    };
+    ctx.metrics.observe_reconcile(started.elapsed(), label);
+    result
+}
+
+pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    if !matches!(error.root(), Error::NotLeader) {
+        warn!(namespace = ?sr.namespace(), name = %sr.name_any(), %error, "reconcile failed");
+    }
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            error: error.metric_label(),
+        })
+        .inc();
+    error.requeue()
+}
+
+/// `spec.template` validated, and whether the DaemonSet already carries it.
+async fn spec_template_state(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    world: &snapshot::World,
+) -> std::result::Result<Option<(serde_json::Value, String, bool)>, String> {
+    match sr.spec.typed_template() {
+        Err(e) => Err(format!("spec.template is not a valid pod template: {e}")),
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => {
+            let value = sr.spec.template.clone().unwrap_or_default();
+            let hash = saferollout_core::revision::template_hash(&value);
+            let Some(ds) = &world.ds else {
+                return Ok(Some((value, hash, false)));
+            };
+            let asked = (
+                ds.metadata.uid.clone().unwrap_or_default(),
+                ds.metadata.generation.unwrap_or_default(),
+                hash.clone(),
+            );
+            let cached = ctx.memory(key, |m| {
+                m.in_place
+                    .clone()
+                    .filter(|(k, _)| *k == asked)
+                    .map(|(_, v)| v)
+            });
+            let in_place = match cached {
+                Some(v) => v,
+                None => {
+                    let v = writes::template_in_place(ctx, ds, &value).await;
+                    ctx.memory(key, |m| m.in_place = Some((asked, v)));
+                    v
+                }
+            };
+            Ok(Some((value, hash, in_place)))
+        }
+    }
+}
+
+async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requeue> {
+    // No decision on a partial picture (after a restart every cache lists first).
+    if !ctx.caches.is_synced() {
+        return Ok(Requeue::requeue(Duration::from_millis(200)));
+    }
+    let world = snapshot::dereference(sr, &ctx.caches, &ctx.templates);
+    // Nothing is decided on a DaemonSet older than our own last write of it.
+    if let Some(ds) = &world.ds {
+        let generation = ds.metadata.generation.unwrap_or_default();
+        if !ctx.memory(key, |m| m.expectations.daemonset_caught_up(generation)) {
+            return Ok(Requeue::requeue(Duration::from_millis(200)));
+        }
+    }
+    let status = sr.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let spec_template = match spec_template_state(sr, ctx, key, &world).await {
+        Ok(t) => t,
+        Err(msg) => return report_invalid_template(sr, ctx, key, &status, msg, now).await,
+    };
+    let preflight = run_preflight(sr, ctx, &world, &status).await;
+    let id = ctx.rollout_id(key);
+    let (decision, nodes) = ctx.memory(key, |m| {
+        snapshot::decide(
+            sr,
+            &status,
+            &world,
+            Extras {
+                spec_template: spec_template
+                    .as_ref()
+                    .map(|(_, hash, in_place)| SpecTemplate {
+                        hash,
+                        in_place: *in_place,
+                    }),
+                preflight: preflight.as_ref(),
+                rollout_id: &id,
+                now,
+            },
+            &mut m.expectations,
+        )
+    });
+    let mut new_status = decision.status;
+    if let Some(b) = world.backup.as_ref().and_then(|b| {
+        b.labels()
+            .get(saferollout_api::BACKUP_REVISION_LABEL)
+            .cloned()
+    }) {
+        new_status.last_good_template = Some(LastGoodTemplate {
+            controller_revision: backup_name(&key.1, &b),
+            revision: b,
+        });
+    }
+
+    // Status first: the plan and baselines are durable before any node is touched.
+    writes::status(sr, ctx, key, &status, &new_status).await?;
+    let changes = transitions::between(&status, &new_status);
+    ctx.metrics.record_transitions(&key.0, &key.1, &changes);
+    ctx.metrics.observe_status(
+        &key.0,
+        &key.1,
+        &new_status,
+        sr.spec.effective_stages().len(),
+        sr.spec
+            .progress_deadline_duration()
+            .unwrap_or(Duration::from_secs(600)),
+        nodes,
+    );
+
+    let template_value = spec_template.as_ref().map(|(v, _, _)| v);
+    for action in &decision.actions {
+        match writes::perform(sr, ctx, key, &world, template_value, action).await {
+            Ok(written) => {
+                if let (Action::RestoreLastGood, Some(r)) = (action, &changes.rollback)
+                    && let Some(since) = r.failing_since
+                {
+                    let latency = Timestamp::now().duration_since(since);
+                    ctx.metrics
+                        .revert_latency
+                        .observe(latency.as_secs_f64().max(0.0));
+                }
+                if let (Action::ApplySpecTemplate, Some(g)) = (action, written) {
+                    // The generation our write produced: our template, not someone's edit.
+                    let mut recorded = new_status.clone();
+                    if let Some(a) = recorded.applied_template.as_mut() {
+                        a.generation = Some(g);
+                    }
+                    writes::status(sr, ctx, key, &new_status, &recorded).await?;
+                    new_status = recorded;
+                }
+            }
+            Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
+                return Err(Error::StaleDaemonSet);
+            }
+            // The API server refused the template: a condition, not a retry loop.
+            Err(Error::Kube(kube::Error::Api(s)))
+                if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
+            {
+                let msg = format!(
+                    "the API server rejected spec.template for DaemonSet {}: {}",
+                    sr.spec.target_ref.name, s.message
+                );
+                return report_invalid_template(sr, ctx, key, &new_status, msg, now).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(match decision.requeue_after {
+        Some(d) => Requeue::requeue(d),
+        None => Requeue::await_change(),
+    })
+}
+
+/// An unusable spec.template is a condition, not a retry loop: record it and
+/// wait for the spec to change.
+async fn report_invalid_template(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    written: &SafeRolloutStatus,
+    message: String,
+    now: Timestamp,
+) -> Result<Requeue> {
+    let mut st = written.clone();
+    st.observed_generation = sr.metadata.generation;
+    let phase_before = st.phase;
+    set_stalled(
+        &mut st,
+        Phase::Failed,
+        "InvalidTemplate",
+        message,
+        sr.metadata.generation,
+        now,
+    );
+    if st.phase != phase_before {
+        st.phase_transition_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+    }
+    writes::status(sr, ctx, key, written, &st).await?;
+    Ok(Requeue::await_change())
+}
+
+/// Preflight for the DaemonSet's current revision when a rollout of it is
+/// about to start (see `saferollout_core::preflight::needed`).
+async fn run_preflight(
+    sr: &SafeRollout,
+    ctx: &Context,
+    world: &snapshot::World,
+    status: &SafeRolloutStatus,
+) -> Option<saferollout_api::PreflightStatus> {
+    use saferollout_core::preflight;
+    let ds = world.ds.as_ref()?;
+    let current = world.current_revision()?;
+    if !preflight::needed(&sr.spec, status, current) {
+        return None;
+    }
+    // The namespace's Pod Security level decides whether the agent can start at all.
+    let ns = ds.namespace().unwrap_or_default();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    let psa = match namespaces.get(&ns).await {
+        Ok(n) => saferollout_preflight::PsaLevel::from_namespace_labels(n.labels()),
+        Err(e) => {
+            warn!(%ns, error = %e, "cannot read the namespace's Pod Security level");
+            None
+        }
+    };
+    let nodes: Vec<preflight::NodeFacts> = ctx
+        .caches
+        .nodes
+        .state()
+        .iter()
+        .map(|n| preflight::NodeFacts {
+            name: n.name_any(),
+            capacity: n
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .map(|c| {
+                    c.iter()
+                        .filter_map(|(k, q)| Some((k.clone(), saferollout_api::quantity_count(q)?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            taints: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+            labels: n.labels().clone(),
+        })
+        .collect();
+    let pods: Vec<_> = world.agent_pods().collect();
+    let gated: Vec<String> = sr
+        .spec
+        .allocatable_gates()
+        .iter()
+        .map(|g| g.resource.clone())
+        .collect();
+    Some(preflight::check(
+        current,
+        ds,
+        &saferollout_core::views::pods_by_node(pods),
+        &nodes,
+        &gated,
+        &preflight::device_labels(&sr.spec),
+        psa,
+    ))
+}
+
+/// The SafeRollout is being deleted: give the DaemonSet back to its own
+/// controller. Pods keep running whatever they run; the original update
+/// strategy (usually RollingUpdate) then converges them on the DaemonSet's
+/// current template. Labels go; backups are garbage-collected with the owner.
+/// A SafeRollout that never owned the DaemonSet (refused as a second one)
+/// changes nothing of it.
+async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requeue> {
+    let world = snapshot::dereference(sr, &ctx.caches, &ctx.templates);
+    let original = sr
+        .status
+        .as_ref()
+        .and_then(|s| s.original_update_strategy.clone());
+    if let (Some(_), Some(original), None) = (&world.ds, original, &world.owned_by_other) {
+        writes::give_back(ctx, &key.0, &sr.spec.target_ref.name, &original).await?;
+    }
+    let id = ctx.rollout_id(key);
+    let labelled: Vec<String> = ctx
+        .caches
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| n.labels().get(saferollout_api::ROLLOUT_LABEL) == Some(&id))
+        .map(|n| n.name_any())
+        .collect();
+    if !labelled.is_empty() {
+        writes::unlabel(ctx, &labelled).await?;
+    }
+    ctx.metrics.forget(&key.0, &key.1);
+    ctx.forget(key);
+    Ok(Requeue::await_change())
+}
+
+/// What `run` needs.
+pub struct Options {
+    /// Watch only these namespaces (empty: all).
+    pub namespaces: Vec<String>,
+}
+
+/// Runs the controller until shutdown: caches always, the work queue while
+/// this replica leads.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    leadership: Leadership,
+    options: Options,
+) -> anyhow::Result<()> {
+    wait_for_api(&client, &options.namespaces).await?;
+    let triggers = Arc::new(Triggers::default());
+    let caches = caches::start(&client, &options.namespaces, &metrics, &triggers);
+    {
+        let (caches, metrics) = (caches.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            caches.wait_until_synced().await;
+            info!(took = ?started.elapsed(), "caches synced");
+            metrics.set_caches_synced();
+        });
+    }
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        caches: caches.clone(),
+        recorder: Recorder::new(client.clone(), Reporter::from("saferollout-operator")),
+        metrics: metrics.clone(),
+        fence: leadership.fence.clone(),
+        memory: Mutex::new(HashMap::new()),
+        templates: TemplateCache::default(),
+    });
+    let mut leading = leadership.changes;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        // Follow until elected.
+        while !*leading.borrow_and_update() {
+            metrics.leader.set(0);
+            tokio::select! {
+                r = leading.changed() => r?,
+                _ = &mut shutdown => return Ok(()),
+            }
+        }
+        metrics.leader.set(1);
+        caches.wait_until_synced().await;
+        info!("leading: reconciling");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for sr in caches.every_rollout() {
+            let _ = tx.send(ObjectRef::from_obj(&*sr));
+        }
+        triggers.attach(Some(tx));
+        let queue = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|r| (Ok::<_, Infallible>(r), rx))
+        });
+        let work = applier(
+            |sr, ctx| Box::pin(reconcile(sr, ctx)),
+            error_policy,
+            ctx.clone(),
+            caches.all_rollouts.clone(),
+            queue,
+            QueueConfig::default(),
+        )
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile result");
+            }
+        });
+        tokio::pin!(work);
+        let lost = async {
+            while *leading.borrow() {
+                if leading.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = &mut work => warn!("the work queue ended"),
+            _ = lost => warn!("lost the leader lease: stopped reconciling"),
+            _ = &mut shutdown => {
+                triggers.attach(None);
+                return Ok(());
+            }
+        }
+        triggers.attach(None);
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    info!("shutting down");
+}
+
+/// Fails early with a clear message when the CRD or RBAC is missing (the
+/// operator never installs its own CRD). A fresh CRD and RBAC take a moment to
+/// be served after `kubectl apply`: retry for a while first.
+async fn wait_for_api(client: &Client, namespaces: &[String]) -> anyhow::Result<()> {
+    let apis: Vec<Api<SafeRollout>> = if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|n| Api::namespaced(client.clone(), n))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for api in apis {
+        while let Err(e) = api.list(&kube::api::ListParams::default().limit(1)).await {
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "cannot list SafeRollouts ({e}); are deploy/crd.yaml and deploy/rbac.yaml applied?"
+                );
+            }
+            warn!(error = %e, "cannot list SafeRollouts yet; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollout_id_fits_a_label_value() {
+        assert_eq!(rollout_id("gpu", "nvidia"), "gpu.nvidia");
+        let long = rollout_id(&"n".repeat(60), &"x".repeat(60));
+        assert!(long.len() <= 63, "{long}");
+        assert_ne!(long, rollout_id(&"n".repeat(60), &"y".repeat(60)));
+    }
+}

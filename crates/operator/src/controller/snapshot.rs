@@ -1,0 +1,236 @@
+//! Dereference: everything one reconcile of a SafeRollout reads, taken from
+//! the caches (no API call but the rare ones marked), then handed to the pure
+//! decision as borrowed views.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use saferollout_api::{
+    ABORT_ANNOTATION, APPROVE_ANNOTATION, BACKUP_REVISION_LABEL, PreflightStatus, RETRY_ANNOTATION,
+    SafeRollout, SafeRolloutStatus,
+};
+use saferollout_core::eligibility::eligibility;
+use saferollout_core::expectations::Expectations;
+use saferollout_core::revision::{
+    RevisionTemplate, current_revision, revision_hash, revision_template,
+};
+use saferollout_core::rollout::{Decision, Observed, Requests, SpecTemplate};
+use saferollout_core::views::{
+    AgentPod, DaemonSetView, NodeView, NodesByName, PodsByNode, live_pods, pods_by_node,
+};
+
+use super::caches::Caches;
+use crate::metrics::NodeCounts;
+
+/// The objects one reconcile reads, held while it decides.
+pub struct World {
+    pub ds: Option<Arc<DaemonSet>>,
+    /// The DaemonSet's own ControllerRevisions, with their parsed templates.
+    revisions: Vec<(Arc<ControllerRevision>, Arc<PodTemplateSpec>)>,
+    pub backup: Option<Arc<ControllerRevision>>,
+    pods: Vec<Arc<Pod>>,
+    nodes: Vec<Arc<Node>>,
+    /// The older SafeRollout that targets the same DaemonSet, if any.
+    pub owned_by_other: Option<String>,
+}
+
+/// Parsed ControllerRevision templates, by UID and resource version: a
+/// revision's data never changes, so each is parsed once.
+#[derive(Default)]
+pub struct TemplateCache(Mutex<HashMap<String, (String, Arc<PodTemplateSpec>)>>);
+
+impl TemplateCache {
+    fn get(&self, cr: &ControllerRevision) -> Option<Arc<PodTemplateSpec>> {
+        let uid = cr.metadata.uid.clone().unwrap_or_default();
+        let rv = cr.metadata.resource_version.clone().unwrap_or_default();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((cached_rv, t)) = map.get(&uid)
+            && *cached_rv == rv
+        {
+            return Some(t.clone());
+        }
+        let t = Arc::new(revision_template(cr)?);
+        map.insert(uid, (rv, t.clone()));
+        Some(t)
+    }
+
+    /// Forgets revisions that are gone.
+    pub fn retain(&self, alive: impl Fn(&str) -> bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| alive(uid));
+    }
+}
+
+impl World {
+    fn revision_views(&self) -> Vec<RevisionTemplate<'_>> {
+        self.revisions
+            .iter()
+            .filter_map(|(cr, t)| {
+                Some(RevisionTemplate {
+                    hash: revision_hash(cr)?,
+                    number: cr.revision.unwrap_or(0),
+                    template: t,
+                })
+            })
+            .collect()
+    }
+
+    /// The revision the DaemonSet's template is, by content.
+    pub fn current_revision(&self) -> Option<&str> {
+        let ds = self.ds.as_ref()?;
+        current_revision(&ds.spec.template, &self.revision_views())
+    }
+
+    /// Views of the DaemonSet's agent pods.
+    pub fn agent_pods(&self) -> impl Iterator<Item = AgentPod<'_>> {
+        self.pods.iter().filter_map(|p| AgentPod::of(p))
+    }
+}
+
+fn owned_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
+    !uid.is_empty() && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
+}
+
+/// The name of the last-good backup of `revision` for SafeRollout `sr`.
+pub fn backup_name(sr: &str, revision: &str) -> String {
+    format!("{sr}-last-good-{revision}")
+}
+
+/// Reads what a reconcile of `sr` needs from the caches.
+pub fn dereference(sr: &SafeRollout, caches: &Caches, templates: &TemplateCache) -> World {
+    let ns = sr.namespace().unwrap_or_default();
+    let ds = caches
+        .daemonsets
+        .get(&ns)
+        .and_then(|s| s.get(&ObjectRef::new(&sr.spec.target_ref.name).within(&ns)));
+    let ds_uid = ds
+        .as_ref()
+        .and_then(|d| d.metadata.uid.clone())
+        .unwrap_or_default();
+    let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
+    let all_revisions = caches.revisions.in_namespace(&ns);
+    let revisions = all_revisions
+        .iter()
+        .filter(|cr| owned_by(&cr.metadata, &ds_uid))
+        .filter_map(|cr| Some((cr.clone(), templates.get(cr)?)))
+        .collect();
+    let stable = sr.status.as_ref().and_then(|s| s.stable_revision.clone());
+    let backup = stable.and_then(|rev| {
+        let name = backup_name(&sr.name_any(), &rev);
+        all_revisions
+            .iter()
+            .find(|cr| cr.name_any() == name && owned_by(&cr.metadata, &sr_uid))
+            .cloned()
+    });
+    let pods = caches
+        .pods
+        .in_namespace(&ns)
+        .into_iter()
+        .filter(|p| owned_by(&p.metadata, &ds_uid))
+        .collect();
+    let owned_by_other = caches
+        .rollouts_in(&ns)
+        .into_iter()
+        .filter(|other| {
+            other.spec.target_ref.name == sr.spec.target_ref.name && other.uid() != sr.uid()
+        })
+        .filter(|other| {
+            (other.creation_timestamp(), other.name_any())
+                < (sr.creation_timestamp(), sr.name_any())
+        })
+        .map(|other| other.name_any())
+        .min();
+    World {
+        ds,
+        revisions,
+        backup,
+        pods,
+        nodes: caches.nodes.state(),
+        owned_by_other,
+    }
+}
+
+/// What the reconcile adds to the caches' picture.
+pub struct Extras<'a> {
+    pub spec_template: Option<SpecTemplate<'a>>,
+    pub preflight: Option<&'a PreflightStatus>,
+    pub rollout_id: &'a str,
+    pub now: Timestamp,
+}
+
+/// Builds the views of `world` and decides; also counts nodes for the metrics.
+pub fn decide(
+    sr: &SafeRollout,
+    status: &SafeRolloutStatus,
+    world: &World,
+    extras: Extras,
+    expectations: &mut Expectations,
+) -> (Decision, NodeCounts) {
+    let node_views: NodesByName = world
+        .nodes
+        .iter()
+        .map(|n| NodeView::of(n))
+        .map(|v| (v.name, v))
+        .collect();
+    let mut pods: PodsByNode = pods_by_node(world.agent_pods());
+    expectations.apply(&mut pods, extras.now);
+    let revision_views = world.revision_views();
+    let ds_view = world.ds.as_ref().map(|ds| {
+        let current = current_revision(&ds.spec.template, &revision_views);
+        DaemonSetView::of(ds, current, revision_views.iter().map(|r| r.hash).collect())
+    });
+    let annotations = sr.annotations();
+    let observed = Observed {
+        spec: &sr.spec,
+        generation: sr.metadata.generation,
+        status,
+        requests: Requests {
+            retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
+            approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
+            abort: annotations.get(ABORT_ANNOTATION).map(String::as_str),
+        },
+        owned_by_other: world.owned_by_other.as_deref(),
+        preflight: extras.preflight,
+        daemonset: ds_view.as_ref(),
+        spec_template: extras.spec_template,
+        backup_revision: world
+            .backup
+            .as_ref()
+            .and_then(|b| b.labels().get(BACKUP_REVISION_LABEL))
+            .map(String::as_str),
+        pods: &pods,
+        nodes: &node_views,
+        rollout_id: extras.rollout_id,
+        now: extras.now,
+    };
+    let decision = saferollout_core::decide(&observed);
+    let counts = ds_view
+        .as_ref()
+        .map(|ds| {
+            let target = decision
+                .status
+                .target_revision
+                .as_deref()
+                .unwrap_or_default();
+            let covered: Vec<_> = node_views
+                .values()
+                .filter(|n| eligibility(n, &ds.placement).is_eligible())
+                .collect();
+            NodeCounts {
+                in_scope: covered.len(),
+                on_target: covered
+                    .iter()
+                    .filter(|n| live_pods(&pods, n.name).any(|p| p.revision == target))
+                    .count(),
+            }
+        })
+        .unwrap_or_default();
+    (decision, counts)
+}

@@ -1,0 +1,386 @@
+//! Every write the operator makes, each behind the leader fence.
+//!
+//! - Status: server-side apply of the whole status (fields that became empty
+//!   are removed, which a merge patch would not do), only when it changed.
+//! - The DaemonSet: JSON patches conditional on the generation the decision
+//!   was made from, so a concurrent edit is never overwritten silently; the
+//!   generation the write returns is remembered, and decisions wait until the
+//!   cache shows it.
+//! - Pods: deleted with their UID as a precondition, so a stale decision
+//!   never deletes a pod the DaemonSet controller recreated under that name
+//!   (or one a deposed leader's decision named); remembered as deleting until
+//!   the cache shows it.
+//! - Nodes: merge patches of this rollout's two labels.
+//! - The last-good backup: a ControllerRevision owned by the SafeRollout.
+//! - Events: through the one Recorder.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Resource, ResourceExt};
+use saferollout_api::{
+    BACKUP_REVISION_LABEL, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, REVISION_HASH_LABEL,
+    ROLLOUT_LABEL, STAGE_LABEL, SafeRollout, SafeRolloutStatus,
+};
+use saferollout_core::revision::revision_template_json;
+use saferollout_core::rollout::{Action, PodRef};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::error::{Error, Result};
+use super::snapshot::{World, backup_name};
+use super::{Context, RolloutKey};
+
+/// A JSON patch whose `test` operation failed: the API server answers 422
+/// without field causes (an invalid object gets 422 with causes).
+pub fn is_failed_guard(s: &kube::core::Status) -> bool {
+    s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
+}
+
+fn fenced(ctx: &Context) -> Result<()> {
+    if ctx.fence.is_open() {
+        Ok(())
+    } else {
+        Err(Error::NotLeader)
+    }
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// Writes `new` when it differs from `old`; remembers the written resource
+/// version so a reconcile does not decide from an older cached status.
+pub async fn status(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    old: &SafeRolloutStatus,
+    new: &SafeRolloutStatus,
+) -> Result<bool> {
+    if old == new && sr.status.is_some() {
+        return Ok(false);
+    }
+    fenced(ctx)?;
+    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &key.0);
+    let patch = json!({
+        "apiVersion": saferollout_api::API_VERSION,
+        "kind": saferollout_api::KIND,
+        "status": new,
+    });
+    let written = api
+        .patch_status(
+            &key.1,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(patch),
+        )
+        .await?;
+    let rv = written
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok());
+    ctx.memory(key, |m| m.status_version = rv);
+    Ok(true)
+}
+
+/// Performs one action of a decision. `generation` is the DaemonSet
+/// generation the decision was made from.
+pub async fn perform(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    world: &World,
+    spec_template: Option<&serde_json::Value>,
+    action: &Action,
+) -> Result<Option<i64>> {
+    fenced(ctx)?;
+    let (ns, id) = (&key.0, ctx.rollout_id(key));
+    let client = &ctx.client;
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let ds_name = &sr.spec.target_ref.name;
+    let generation = world
+        .ds
+        .as_ref()
+        .and_then(|d| d.metadata.generation)
+        .unwrap_or_default();
+    // Conditional on the generation decided from (not the resource version:
+    // the DaemonSet controller's status updates must not fail it).
+    let guarded = |ops: serde_json::Value| -> Result<Patch<serde_json::Value>> {
+        let mut all =
+            vec![json!({"op": "test", "path": "/metadata/generation", "value": generation})];
+        all.extend(ops.as_array().cloned().unwrap_or_default());
+        Ok(Patch::Json(serde_json::from_value(
+            serde_json::Value::Array(all),
+        )?))
+    };
+    let write_ds = |p: Patch<serde_json::Value>| async move {
+        let written = dss.patch(ds_name, &patch_params(), &p).await?;
+        let g = written.metadata.generation.unwrap_or_default();
+        ctx.memory(key, |m| m.expectations.daemonset_written(g));
+        Ok::<_, Error>(Some(g))
+    };
+    match action {
+        Action::TakeOverUpdates => {
+            info!(%ns, daemonset = %ds_name, "setting updateStrategy OnDelete");
+            write_ds(guarded(json!([{"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}]))?).await
+        }
+        Action::ApplySpecTemplate => {
+            let t = spec_template
+                .cloned()
+                .ok_or(Error::MissingField("spec.template"))?;
+            info!(%ns, daemonset = %ds_name, "writing spec.template to the DaemonSet");
+            write_ds(guarded(
+                json!([{"op": "replace", "path": "/spec/template", "value": t}]),
+            )?)
+            .await
+        }
+        Action::RestoreLastGood => {
+            let backup = world
+                .backup
+                .as_ref()
+                .ok_or_else(|| Error::MissingBackup(backup_name(&sr.name_any(), "?")))?;
+            let t = backup
+                .data
+                .0
+                .get("template")
+                .cloned()
+                .ok_or_else(|| Error::MissingBackup(backup.name_any()))?;
+            info!(%ns, daemonset = %ds_name, backup = %backup.name_any(), "restoring the last good template");
+            write_ds(guarded(
+                json!([{"op": "replace", "path": "/spec/template", "value": t}]),
+            )?)
+            .await
+        }
+        Action::BackupTemplate { revision } => backup_template(sr, ctx, ns, world, revision)
+            .await
+            .map(|_| None),
+        Action::LabelNodes { nodes, stage } => {
+            let labels = json!({"metadata": {"labels": {STAGE_LABEL: stage.to_string(), ROLLOUT_LABEL: id}}});
+            patch_nodes(ctx, nodes, labels).await.map(|_| None)
+        }
+        Action::UnlabelNodes { nodes } => {
+            let labels = json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}});
+            patch_nodes(ctx, nodes, labels).await.map(|_| None)
+        }
+        Action::DeletePods { pods } => delete_pods(ctx, key, pods).await.map(|_| None),
+        Action::Event {
+            warning,
+            reason,
+            message,
+        } => {
+            event(sr, ctx, *warning, reason, message).await;
+            Ok(None)
+        }
+    }
+}
+
+async fn patch_nodes(ctx: &Context, nodes: &[String], patch: serde_json::Value) -> Result<()> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    for n in nodes {
+        match api.patch(n, &patch_params(), &Patch::Merge(&patch)).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {} // gone; the next pass notices
+            r => {
+                r?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.0);
+    let now = Timestamp::now();
+    for p in pods {
+        info!(ns = %key.0, pod = %p.name, node = %p.node, "replacing agent pod");
+        // Remembered before the call: a delete that times out may still happen.
+        ctx.memory(key, |m| m.expectations.pod_deleted(&p.uid, now));
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(p.uid.clone()),
+                resource_version: p.unchanged_since.clone(),
+            }),
+            ..Default::default()
+        };
+        match api.delete(&p.name, &params).await {
+            // Gone already, the name now belongs to a newer pod (UID), or the pod
+            // changed since it was seen (resourceVersion): the next pass decides again.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            r => {
+                r?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn event(sr: &SafeRollout, ctx: &Context, warning: bool, reason: &str, message: &str) {
+    let ns = sr.namespace().unwrap_or_default();
+    if warning {
+        warn!(%ns, name = %sr.name_any(), %reason, %message);
+    } else {
+        info!(%ns, name = %sr.name_any(), %reason, %message);
+    }
+    if !ctx.fence.is_open() {
+        return;
+    }
+    let ev = KubeEvent {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Rollout".into(),
+        secondary: None,
+    };
+    // Events are best effort: losing one must not stall a revert.
+    if let Err(e) = ctx.recorder.publish(&ev, &sr.object_ref(&())).await {
+        warn!(%e, "publishing event failed");
+    }
+}
+
+/// Copies the DaemonSet's template of `revision` into a ControllerRevision
+/// owned by the SafeRollout, then drops older backups.
+async fn backup_template(
+    sr: &SafeRollout,
+    ctx: &Context,
+    ns: &str,
+    world: &World,
+    revision: &str,
+) -> Result<()> {
+    let ds = world
+        .ds
+        .as_ref()
+        .ok_or(Error::MissingField("target DaemonSet"))?;
+    let ds_uid = ds.metadata.uid.clone().unwrap_or_default();
+    let all = ctx.caches.revisions.in_namespace(ns);
+    let owned =
+        |cr: &ControllerRevision, uid: &str| cr.owner_references().iter().any(|o| o.uid == uid);
+    let source = all
+        .iter()
+        .filter(|cr| owned(cr, &ds_uid))
+        .find(|cr| cr.labels().get(REVISION_HASH_LABEL).map(String::as_str) == Some(revision))
+        .ok_or_else(|| Error::MissingBackup(format!("DaemonSet revision {revision}")))?;
+    let template =
+        revision_template_json(source).ok_or_else(|| Error::MissingBackup(source.name_any()))?;
+    // Refuse a template that is not a pod template rather than back up garbage.
+    let _: PodTemplateSpec = serde_json::from_value(template.clone())?;
+    let name = backup_name(&sr.name_any(), revision);
+    let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), ns);
+    let cr = ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([
+                (
+                    ROLLOUT_LABEL.to_string(),
+                    ctx.rollout_id(&(ns.to_string(), sr.name_any())),
+                ),
+                (BACKUP_REVISION_LABEL.to_string(), revision.to_string()),
+                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+            ])),
+            owner_references: Some(vec![OwnerReference {
+                controller: Some(true),
+                ..sr.controller_owner_ref(&())
+                    .ok_or(Error::MissingField("metadata.uid"))?
+            }]),
+            ..Default::default()
+        },
+        data: RawExtension(json!({"template": template, "daemonSet": ds.name_any()})),
+        revision: source.revision,
+    };
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&params, &cr).await {
+        Ok(_) => info!(%ns, backup = %name, "recorded the last good template"),
+        Err(kube::Error::Api(s)) if s.code == 409 => {} // already recorded (ControllerRevision data is immutable)
+        Err(e) => return Err(e.into()),
+    }
+    let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
+    for old in all
+        .iter()
+        .filter(|cr| owned(cr, &sr_uid) && cr.name_any() != name)
+    {
+        match api.delete(&old.name_any(), &DeleteParams::default()).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            r => {
+                r?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the DaemonSet's template already equals `template` once the API
+/// server has defaulted it: a server-side dry run of the write, compared with
+/// the live template. Asked once per DaemonSet generation and spec.template.
+pub async fn template_in_place(
+    ctx: &Context,
+    ds: &DaemonSet,
+    template: &serde_json::Value,
+) -> bool {
+    let api: Api<DaemonSet> =
+        Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
+    let patch: Patch<serde_json::Value> = match serde_json::from_value(
+        json!([{"op": "replace", "path": "/spec/template", "value": template}]),
+    ) {
+        Ok(p) => Patch::Json(p),
+        Err(_) => return false,
+    };
+    let params = PatchParams {
+        dry_run: true,
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.patch(&ds.name_any(), &params, &patch).await {
+        Ok(would_be) => {
+            saferollout_core::revision::same_template(&would_be.spec.template, &ds.spec.template)
+        }
+        // An invalid template is reported when it is really written.
+        Err(_) => false,
+    }
+}
+
+/// Restores the DaemonSet's original update strategy (the SafeRollout is
+/// being deleted).
+pub async fn give_back(
+    ctx: &Context,
+    ns: &str,
+    ds_name: &str,
+    original: &k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy,
+) -> Result<()> {
+    fenced(ctx)?;
+    let dss: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), ns);
+    let value = serde_json::to_value(original)?;
+    let p: Patch<serde_json::Value> = Patch::Json(serde_json::from_value(json!([
+        {"op": "replace", "path": "/spec/updateStrategy", "value": value}
+    ]))?);
+    match dss.patch(ds_name, &patch_params(), &p).await {
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        r => {
+            r?;
+        }
+    }
+    info!(%ns, daemonset = %ds_name, "restored the DaemonSet's original update strategy");
+    Ok(())
+}
+
+/// Removes this rollout's labels from `nodes`.
+pub async fn unlabel(ctx: &Context, nodes: &[String]) -> Result<()> {
+    fenced(ctx)?;
+    let labels = json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}});
+    patch_nodes(ctx, nodes, labels).await
+}

@@ -1,0 +1,203 @@
+//! Leader election on a `coordination.k8s.io` Lease, so two replicas never
+//! act at once: only the leader reconciles and writes; followers keep their
+//! caches warm and serve metrics and readiness, so a failover acts within a
+//! moment of taking the lease.
+//!
+//! The election itself is `kube-lease-manager`'s (acquire, renew `grace`
+//! seconds before expiry, take over an expired lease, release on shutdown).
+//! `kube-leader-election`, the other well-kept crate, has no release for
+//! kube 5 yet.
+//!
+//! On top of it, a write fence ([`Fence`]): every write the operator makes
+//! first checks that the lease is held and was confirmed recently enough that
+//! no other replica can have taken it. The confirmation is our own renewal as
+//! the Lease watch delivers it; the fence closes `duration - grace/2` after
+//! the last one seen, i.e. before the lease can expire, so a leader that stops
+//! renewing (stalled, cut off from the API) stops writing before another
+//! replica may start.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
+use tracing::{info, warn};
+
+/// Settings of the election.
+#[derive(Debug, Clone)]
+pub struct ElectionConfig {
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    /// Seconds a lease is valid after a renewal.
+    pub duration: u64,
+    /// Seconds before expiry the holder renews.
+    pub grace: u64,
+}
+
+/// Whether this replica may write now.
+#[derive(Debug)]
+pub struct Fence {
+    state: Mutex<FenceState>,
+}
+
+#[derive(Debug)]
+enum FenceState {
+    /// No election: a single replica always writes.
+    Always,
+    /// Held (per the lease manager) and confirmed until then.
+    Lease {
+        held: bool,
+        valid_until: Option<Instant>,
+    },
+}
+
+impl Fence {
+    pub fn always() -> Arc<Self> {
+        Arc::new(Fence {
+            state: Mutex::new(FenceState::Always),
+        })
+    }
+
+    fn elected() -> Arc<Self> {
+        Arc::new(Fence {
+            state: Mutex::new(FenceState::Lease {
+                held: false,
+                valid_until: None,
+            }),
+        })
+    }
+
+    /// May this replica write now?
+    pub fn is_open(&self) -> bool {
+        match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            FenceState::Always => true,
+            FenceState::Lease { held, valid_until } => {
+                *held && valid_until.is_some_and(|t| Instant::now() < t)
+            }
+        }
+    }
+
+    fn set_held(&self, now_held: bool) {
+        if let FenceState::Lease { held, valid_until } =
+            &mut *self.state.lock().unwrap_or_else(|e| e.into_inner())
+        {
+            *held = now_held;
+            if !now_held {
+                *valid_until = None;
+            }
+        }
+    }
+
+    fn confirm_until(&self, until: Instant) {
+        if let FenceState::Lease { valid_until, .. } =
+            &mut *self.state.lock().unwrap_or_else(|e| e.into_inner())
+        {
+            *valid_until = Some(until);
+        }
+    }
+}
+
+/// Leadership as the rest of the operator sees it.
+pub struct Leadership {
+    pub fence: Arc<Fence>,
+    /// `true` while this replica holds the lease.
+    pub changes: tokio::sync::watch::Receiver<bool>,
+}
+
+/// No election: this replica leads from the start.
+pub fn sole_leader() -> Leadership {
+    let (_tx, rx) = tokio::sync::watch::channel(true);
+    // Keep the sender alive for the whole process: the receiver must not see a close.
+    std::mem::forget(_tx);
+    Leadership {
+        fence: Fence::always(),
+        changes: rx,
+    }
+}
+
+/// Joins the election; returns once the lease's state has been read.
+pub async fn elect(client: Client, config: ElectionConfig) -> anyhow::Result<Leadership> {
+    let params = LeaseParams::new(config.identity.clone(), config.duration, config.grace)
+        .with_field_manager(format!("saferollout-operator/{}", config.identity));
+    let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+        .with_namespace(&config.namespace)
+        .with_parameters(params)
+        .build()
+        .await?;
+    let (mut from_manager, task) = manager.watch().await;
+    let fence = Fence::elected();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+
+    // Follow the manager's view of leadership.
+    let f = fence.clone();
+    let identity = config.identity.clone();
+    tokio::spawn(async move {
+        loop {
+            let held = *from_manager.borrow_and_update();
+            f.set_held(held);
+            let _ = tx.send(held);
+            info!(%identity, leader = held, "leader lease");
+            if from_manager.changed().await.is_err() {
+                f.set_held(false);
+                let _ = tx.send(false);
+                warn!("the lease manager stopped: {:?}", task.await);
+                return;
+            }
+        }
+    });
+
+    // Confirm the lease from its own watch: our renewals open the fence for
+    // a little less than the lease's validity.
+    let f = fence.clone();
+    let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let identity = config.identity.clone();
+    let validity = Duration::from_secs(config.duration)
+        .saturating_sub(Duration::from_millis(config.grace * 500));
+    let watch_config =
+        watcher::Config::default().fields(&format!("metadata.name={}", config.lease_name));
+    tokio::spawn(async move {
+        let mut leases = watcher(leases, watch_config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(lease) = leases.next().await {
+            let Ok(lease) = lease else { continue };
+            let spec = lease.spec.unwrap_or_default();
+            if spec.holder_identity.as_deref() == Some(identity.as_str())
+                && spec.renew_time.is_some()
+            {
+                f.confirm_until(Instant::now() + validity);
+            }
+        }
+    });
+    Ok(Leadership { fence, changes: rx })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fence_opens_only_while_held_and_confirmed() {
+        let f = Fence::elected();
+        assert!(!f.is_open());
+        f.set_held(true);
+        assert!(!f.is_open(), "held but never confirmed");
+        f.confirm_until(Instant::now() + Duration::from_secs(5));
+        assert!(f.is_open());
+        f.confirm_until(Instant::now() - Duration::from_millis(1));
+        assert!(
+            !f.is_open(),
+            "confirmation expired: stop before the lease can"
+        );
+        f.confirm_until(Instant::now() + Duration::from_secs(5));
+        f.set_held(false);
+        assert!(!f.is_open());
+        assert!(Fence::always().is_open());
+    }
+}
