@@ -82,6 +82,13 @@ pub const DRIVER_ANNOTATION: &str = "sim.saferollout.dev/driver";
 pub const DEFAULT_DRIVER: &str = "gpu.sim.saferollout.dev";
 /// Node label holding the node's physical device count.
 pub const DEVICES_LABEL: &str = "sim.saferollout.dev/devices";
+/// Node label naming the node's physically faulty GPUs (`gpu-3_gpu-5`).
+pub const FAULTY_LABEL: &str = "sim.saferollout.dev/faulty-devices";
+/// Driver pod annotation: partitions per GPU (2 or more makes the devices
+/// partitionable, with shared counters).
+pub const PARTITIONS_ANNOTATION: &str = "sim.saferollout.dev/partitions";
+/// Label that marks workload pods the sim plays the kubelet for (any value).
+pub const WORKLOAD_LABEL: &str = "sim.saferollout.dev/workload";
 /// Label on every ResourceSlice the sim publishes: the node it describes.
 pub const SLICE_NODE_LABEL: &str = "sim.saferollout.dev/node";
 /// Annotation on published ResourceSlices: UID of the driver pod that

@@ -13,28 +13,30 @@ use super::time::add;
 /// The simulated device manager's record of one resource's plugin endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    /// A plugin is registered and reports `devices`.
-    Registered { devices: u64 },
+    /// A plugin is registered and reports `devices`, `unhealthy` of them
+    /// Unhealthy (not allocatable).
+    Registered { devices: u64, unhealthy: u64 },
     /// The plugin endpoint stopped at `since`, having last reported `devices`.
     Stopped { since: Timestamp, devices: u64 },
 }
 
 /// Advances the endpoint record to `now`.
 ///
-/// `plugin_devices` is what the running plugin reports (`None`: no plugin).
+/// `plugin_devices` is what the running plugin reports (`None`: no plugin):
+/// its devices and how many of them are unhealthy.
 /// `owned_capacity` is the capacity the sim finds on the node for a resource
 /// it wrote there earlier; it stands in for a lost record after a restart of
 /// the sim, so a stale advertisement still goes through the grace period and
 /// gets removed.
 pub fn next_endpoint(
     previous: Option<Endpoint>,
-    plugin_devices: Option<u64>,
+    plugin_devices: Option<(u64, u64)>,
     owned_capacity: Option<u64>,
     now: Timestamp,
 ) -> Option<Endpoint> {
     match (plugin_devices, previous) {
-        (Some(devices), _) => Some(Endpoint::Registered { devices }),
-        (None, Some(Endpoint::Registered { devices })) => Some(Endpoint::Stopped {
+        (Some((devices, unhealthy)), _) => Some(Endpoint::Registered { devices, unhealthy }),
+        (None, Some(Endpoint::Registered { devices, .. })) => Some(Endpoint::Stopped {
             since: now,
             devices,
         }),
@@ -76,8 +78,11 @@ pub struct AdvertisementPlan {
 /// The node entries an endpoint record calls for at `now`.
 pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> AdvertisementPlan {
     match *endpoint {
-        Endpoint::Registered { devices } => AdvertisementPlan {
-            entries: ResourceEntries::both(devices),
+        Endpoint::Registered { devices, unhealthy } => AdvertisementPlan {
+            entries: ResourceEntries {
+                capacity: Some(devices.to_string()),
+                allocatable: Some(devices.saturating_sub(unhealthy).to_string()),
+            },
             next_change: None,
             finished: false,
         },
@@ -136,12 +141,32 @@ mod tests {
 
     #[test]
     fn endpoint_record_follows_the_plugin() {
-        let registered = next_endpoint(None, Some(4), None, ts(0));
-        assert_eq!(registered, Some(Endpoint::Registered { devices: 4 }));
-        let changed = next_endpoint(registered, Some(0), None, ts(1));
-        assert_eq!(changed, Some(Endpoint::Registered { devices: 0 }));
+        let registered = next_endpoint(None, Some((4, 0)), None, ts(0));
+        assert_eq!(
+            registered,
+            Some(Endpoint::Registered {
+                devices: 4,
+                unhealthy: 0
+            })
+        );
+        let changed = next_endpoint(registered, Some((0, 0)), None, ts(1));
+        assert_eq!(
+            changed,
+            Some(Endpoint::Registered {
+                devices: 0,
+                unhealthy: 0
+            })
+        );
 
-        let stopped = next_endpoint(Some(Endpoint::Registered { devices: 4 }), None, None, ts(5));
+        let stopped = next_endpoint(
+            Some(Endpoint::Registered {
+                devices: 4,
+                unhealthy: 0,
+            }),
+            None,
+            None,
+            ts(5),
+        );
         assert_eq!(
             stopped,
             Some(Endpoint::Stopped {
@@ -153,8 +178,11 @@ mod tests {
         assert_eq!(next_endpoint(stopped, None, Some(4), ts(9)), stopped);
         // A replacement plugin registers afresh.
         assert_eq!(
-            next_endpoint(stopped, Some(8), None, ts(9)),
-            Some(Endpoint::Registered { devices: 8 })
+            next_endpoint(stopped, Some((8, 0)), None, ts(9)),
+            Some(Endpoint::Registered {
+                devices: 8,
+                unhealthy: 0
+            })
         );
     }
 
@@ -177,7 +205,10 @@ mod tests {
     #[test]
     fn registered_plugin_sets_capacity_and_allocatable() {
         let plan = advertisement(
-            &Endpoint::Registered { devices: 8 },
+            &Endpoint::Registered {
+                devices: 8,
+                unhealthy: 0,
+            },
             ts(0),
             &Timings::default(),
         );
@@ -186,11 +217,25 @@ mod tests {
         assert!(!plan.finished);
 
         let broken = advertisement(
-            &Endpoint::Registered { devices: 0 },
+            &Endpoint::Registered {
+                devices: 0,
+                unhealthy: 0,
+            },
             ts(0),
             &Timings::default(),
         );
         assert_eq!(broken.entries, entries(Some("0"), Some("0")));
+
+        // Unhealthy devices count in capacity, not in allocatable.
+        let unhealthy = advertisement(
+            &Endpoint::Registered {
+                devices: 8,
+                unhealthy: 3,
+            },
+            ts(0),
+            &Timings::default(),
+        );
+        assert_eq!(unhealthy.entries, entries(Some("8"), Some("5")));
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn node_facts(devices: u64) -> NodeFacts {
         uid: "node-uid".into(),
         internal_ip: Some("192.168.0.10".into()),
         physical_devices: devices,
+        faulty: BTreeSet::new(),
         capacity: BTreeMap::from([("cpu".into(), "1k".into())]),
         allocatable: BTreeMap::from([("cpu".into(), "1k".into())]),
         sim_owned: BTreeSet::new(),
@@ -65,6 +66,8 @@ fn node_facts(devices: u64) -> NodeFacts {
 struct World {
     node: Option<NodeFacts>,
     pods: Vec<Pod>,
+    workloads: Vec<Pod>,
+    claims: Vec<ResourceClaim>,
     slices: Vec<ResourceSlice>,
     memory: NodeMemory,
     timings: Timings,
@@ -76,9 +79,17 @@ impl World {
         Self {
             node: Some(node_facts(devices)),
             pods,
+            workloads: Vec::new(),
+            claims: Vec::new(),
             slices: Vec::new(),
             memory: NodeMemory::default(),
-            timings: Timings::default(),
+            // No health handover: its wakeups would mix into the timing
+            // assertions of the advertisement scenarios (tests of the
+            // handover set it).
+            timings: Timings {
+                health_handover: Duration::ZERO,
+                ..Timings::default()
+            },
             slices_known: true,
         }
     }
@@ -89,13 +100,18 @@ impl World {
 
     fn plan_at(&mut self, now: Timestamp) -> NodePlan {
         let pods: Vec<&Pod> = self.pods.iter().collect();
+        let workloads: Vec<&Pod> = self.workloads.iter().collect();
+        let claims: Vec<&ResourceClaim> = self.claims.iter().collect();
         let slices: Vec<&ResourceSlice> = self.slices.iter().collect();
         let view = NodeView {
             name: NODE,
             node: self.node.as_ref(),
             pods: &pods,
+            workloads: &workloads,
+            claims: &claims,
             slices: &slices,
             slices_known: self.slices_known,
+            claims_known: true,
         };
         plan_node(view, &mut self.memory, now, &self.timings)
     }
@@ -115,6 +131,7 @@ impl World {
             let pod = self
                 .pods
                 .iter_mut()
+                .chain(self.workloads.iter_mut())
                 .find(|p| p.metadata.uid.as_deref() == Some(&update.uid))
                 .unwrap();
             // Round-trip through JSON: what the API server would store.
@@ -454,10 +471,13 @@ fn pods_on_a_missing_node_get_statuses_only() {
         vec![plugin("p1", "plugin:v1", 0), driver("d1", "driver:v1", 0)],
     );
     world.node = None;
-    world
-        .memory
-        .endpoints
-        .insert(GPU.into(), Endpoint::Registered { devices: 4 });
+    world.memory.endpoints.insert(
+        GPU.into(),
+        Endpoint::Registered {
+            devices: 4,
+            unhealthy: 0,
+        },
+    );
     let plan = world.plan(0);
     assert_eq!(plan.pod_statuses.len(), 2);
     assert!(
@@ -575,7 +595,7 @@ fn driver_annotation_picks_the_driver_and_sim_restart_keeps_generation() {
 #[test]
 fn stray_labelled_slices_are_left_alone() {
     let mut world = World::new(2, vec![]);
-    let mut stray = desired_slice(
+    let mut stray = crate::model::slice::desired_slice(
         NodeRef {
             name: NODE,
             uid: "node-uid",
