@@ -47,6 +47,23 @@ pub fn parse_faulty_devices(value: &str) -> BTreeSet<u64> {
         .collect()
 }
 
+/// The node's GPUs: how many, and which are physically faulty.
+#[derive(Clone, Copy, Debug)]
+pub struct Hardware<'a> {
+    pub physical: u64,
+    pub faulty: &'a BTreeSet<u64>,
+}
+
+/// Where a service is in its health handover.
+#[derive(Clone, Copy, Debug)]
+pub struct Handover {
+    /// Since when no agent serves (`None`: unknown, e.g. never served).
+    pub unserved_since: Option<Timestamp>,
+    /// How long devices read Unknown after that.
+    pub window: Duration,
+    pub now: Timestamp,
+}
+
 /// What the node's newest agent for one resource (device plugin) or driver
 /// (DRA) does right now, as far as its devices' health is concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,12 +124,15 @@ pub fn device_health(
     service: Option<&AgentService>,
     kind: AgentKind,
     device: &str,
-    physical: u64,
-    faulty: &BTreeSet<u64>,
-    unserved_since: Option<Timestamp>,
-    handover: Duration,
-    now: Timestamp,
+    hardware: &Hardware<'_>,
+    handover: &Handover,
 ) -> Health {
+    let Hardware { physical, faulty } = *hardware;
+    let Handover {
+        unserved_since,
+        window: handover,
+        now,
+    } = *handover;
     match service.filter(|s| s.serving()) {
         Some(service) => {
             let index = gpu_index(device);
@@ -197,11 +217,15 @@ mod tests {
                 Some(service),
                 service.kind,
                 device,
-                8,
-                faulty,
-                None,
-                Duration::from_secs(5),
-                ts(0),
+                &Hardware {
+                    physical: 8,
+                    faulty,
+                },
+                &Handover {
+                    unserved_since: None,
+                    window: Duration::from_secs(5),
+                    now: ts(0),
+                },
             )
         };
         let healthy = service(AgentKind::DevicePlugin, Fault::Healthy, Offer::Physical, 8);
@@ -256,11 +280,15 @@ mod tests {
                     service,
                     kind,
                     "gpu-0",
-                    8,
-                    &none,
-                    Some(ts(0)),
-                    handover,
-                    ts(at)
+                    &Hardware {
+                        physical: 8,
+                        faulty: &none
+                    },
+                    &Handover {
+                        unserved_since: Some(ts(0)),
+                        window: handover,
+                        now: ts(at)
+                    },
                 ),
                 expected,
                 "{kind:?} at {at}"

@@ -57,15 +57,15 @@ pub fn render<'a>(samples: impl IntoIterator<Item = &'a GpuSample>) -> String {
             .set(i64::from(sample.healthy));
     }
     let mut registry = Registry::default();
-    registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", util);
+    registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
     registry.register(
         "DCGM_FI_DEV_XID_ERRORS",
-        "Value of the last XID error encountered.",
+        "Value of the last XID error encountered",
         xid,
     );
     registry.register(
         "saferollout_sim_gpu_healthy",
-        "1 when workloads can use the GPU through the node's agents, else 0.",
+        "1 when workloads can use the GPU through the node's agents, else 0",
         healthy,
     );
     let mut text = String::new();

@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::advertisement::{Endpoint, ResourceEntries, advertisement, next_endpoint, parse_count};
 use super::agent::{AgentMoment, ContainerRun, Timings, agent_moment};
 use super::devices::{
-    AgentService, Health, device_health, parse_faulty_devices, plugin_device_names,
-    plugin_healthy_count, tainted_gpus,
+    AgentService, Handover, Hardware, Health, device_health, parse_faulty_devices,
+    plugin_device_names, plugin_healthy_count, tainted_gpus,
 };
 use super::logs::{AgentLogFacts, agent_log_lines, cri_log, other_container_lines};
 use super::metrics::GpuSample;
@@ -829,11 +829,15 @@ fn workload_devices(
             service,
             kind,
             device,
-            node.physical_devices,
-            &node.faulty,
-            memory.unserved_since.get(key).copied(),
-            timings.health_handover,
-            now,
+            &Hardware {
+                physical: node.physical_devices,
+                faulty: &node.faulty,
+            },
+            &Handover {
+                unserved_since: memory.unserved_since.get(key).copied(),
+                window: timings.health_handover,
+                now,
+            },
         );
         (service, health)
     };
@@ -1080,6 +1084,15 @@ fn gpu_samples(
                 };
                 let since = memory.unserved_since.get(key).copied();
                 let within = since.is_some_and(|s| now < add(s, timings.health_handover));
+                let hardware = Hardware {
+                    physical: node.physical_devices,
+                    faulty: &node.faulty,
+                };
+                let handover = Handover {
+                    unserved_since: since,
+                    window: timings.health_handover,
+                    now,
+                };
                 let advertised = service.as_ref().is_some_and(|s| {
                     s.advertised.contains(&device)
                         || s.advertised.iter().any(|d| gpu_index(d) == Some(index))
@@ -1096,27 +1109,9 @@ fn gpu_samples(
                                 .cloned()
                                 .unwrap_or_else(|| device.clone())
                         };
-                        device_health(
-                            Some(s),
-                            kind,
-                            &name,
-                            node.physical_devices,
-                            &node.faulty,
-                            since,
-                            timings.health_handover,
-                            now,
-                        )
+                        device_health(Some(s), kind, &name, &hardware, &handover)
                     }
-                    other => device_health(
-                        other,
-                        kind,
-                        &device,
-                        node.physical_devices,
-                        &node.faulty,
-                        since,
-                        timings.health_handover,
-                        now,
-                    ),
+                    other => device_health(other, kind, &device, &hardware, &handover),
                 };
                 let tainted = service.as_ref().is_some_and(|s| {
                     kind == AgentKind::DraDriver

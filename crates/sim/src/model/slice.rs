@@ -166,7 +166,7 @@ impl PoolContent {
 
 fn counter(mib: u64) -> Counter {
     Counter {
-        value: Quantity(format!("{mib}Mi")),
+        value: Quantity(mib_quantity(mib)),
     }
 }
 
@@ -180,12 +180,15 @@ fn memory_capacity(mib: u64) -> BTreeMap<String, DeviceCapacity> {
     )])
 }
 
-/// `80Gi` for whole GiB (as the sim always published), `NMi` otherwise.
+/// A MiB amount in the API server's canonical form (the largest binary
+/// suffix that keeps it whole: `80Gi`, `27306Mi`), so that what the sim
+/// writes is what it reads back and never looks changed.
 fn mib_quantity(mib: u64) -> String {
-    if mib % 1024 == 0 {
-        format!("{}Gi", mib / 1024)
-    } else {
-        format!("{mib}Mi")
+    match mib {
+        0 => "0".to_owned(),
+        _ if mib.is_multiple_of(1024 * 1024) => format!("{}Ti", mib / (1024 * 1024)),
+        _ if mib.is_multiple_of(1024) => format!("{}Gi", mib / 1024),
+        _ => format!("{mib}Mi"),
     }
 }
 
@@ -296,11 +299,14 @@ pub fn is_pool_slice_name(name: &str, node: &str, driver: &str) -> bool {
     let Some(rest) = name.strip_prefix(base.as_str()) else {
         return false;
     };
-    let rest = rest.strip_prefix("-counters").unwrap_or(rest);
-    rest.is_empty()
-        || rest
-            .strip_prefix('-')
+    let numbered = |rest: &str| {
+        rest.strip_prefix('-')
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    match rest.strip_prefix("-counters") {
+        Some(counters) => numbered(counters),
+        None => rest.is_empty() || numbered(rest),
+    }
 }
 
 /// Identifies the node a slice belongs to, for its owner reference.
@@ -672,5 +678,157 @@ mod tests {
             &json!([{"a": 1, "x": 0}]),
             &json!([{"a": 1}])
         ));
+    }
+
+    #[test]
+    fn quantities_are_canonical() {
+        assert_eq!(mib_quantity(81920), "80Gi");
+        assert_eq!(mib_quantity(27306), "27306Mi");
+        assert_eq!(mib_quantity(1024 * 1024), "1Ti");
+        assert_eq!(mib_quantity(0), "0");
+    }
+
+    #[test]
+    fn gpu_indices_and_pool_slice_names() {
+        assert_eq!(gpu_index("gpu-3"), Some(3));
+        assert_eq!(gpu_index("gpu-12-part-1"), Some(12));
+        assert_eq!(gpu_index("nic-1"), None);
+        assert_eq!(gpu_index("gpu-x"), None);
+        for name in ["n-d-x", "n-d-x-1", "n-d-x-counters-0", "n-d-x-counters-12"] {
+            assert!(is_pool_slice_name(name, "n", "d.x"), "{name}");
+        }
+        for name in [
+            "n-d-x-",
+            "n-d-x-a",
+            "n-d-xy",
+            "m-d-x",
+            "n-d-x-counters",
+            "n-d-x-counters-",
+        ] {
+            assert!(!is_pool_slice_name(name, "n", "d.x"), "{name}");
+        }
+    }
+
+    fn node() -> NodeRef<'static> {
+        NodeRef {
+            name: "n",
+            uid: "u",
+        }
+    }
+
+    #[test]
+    fn partitionable_pool_has_a_counter_slice_and_partition_devices() {
+        let content = PoolContent {
+            devices: 2,
+            partitions: 2,
+            scale: 1,
+            ..PoolContent::default()
+        };
+        let slices = desired_slices(node(), "d.x", &content, 4, "p");
+        assert_eq!(slices.len(), 2);
+        for slice in &slices {
+            assert_eq!(slice.spec.pool.resource_slice_count, 2);
+            assert_eq!(slice.spec.pool.generation, 4);
+            assert_eq!(slice.spec.node_name.as_deref(), Some("n"));
+        }
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert!(slices[0].spec.shared_counters.is_none());
+        assert_eq!(
+            devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+            [
+                "gpu-0",
+                "gpu-0-part-0",
+                "gpu-0-part-1",
+                "gpu-1",
+                "gpu-1-part-0",
+                "gpu-1-part-1"
+            ]
+        );
+        let part = &devices[2];
+        assert_eq!(part.capacity.as_ref().unwrap()["memory"].value.0, "40Gi");
+        assert_eq!(part.attributes.as_ref().unwrap()["partition"].int, Some(1));
+        let consumed = &part.consumes_counters.as_ref().unwrap()[0];
+        assert_eq!(consumed.counter_set, "gpu-0");
+        assert_eq!(consumed.counters["memory"].value.0, "40Gi");
+        let whole = &devices[0].consumes_counters.as_ref().unwrap()[0];
+        assert_eq!(whole.counters["memory"].value.0, "80Gi");
+
+        assert_eq!(slices[1].metadata.name.as_deref(), Some("n-d-x-counters-0"));
+        assert!(slices[1].spec.devices.is_none());
+        let sets = slices[1].spec.shared_counters.as_ref().unwrap();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[1].name, "gpu-1");
+        assert_eq!(sets[1].counters["memory"].value.0, "80Gi");
+        assert_eq!(content.device_names().len(), 6);
+    }
+
+    #[test]
+    fn overcount_scales_capacity_and_counters_and_pools_split_at_the_limits() {
+        let content = PoolContent {
+            devices: 24,
+            partitions: 2,
+            scale: 2,
+            ..PoolContent::default()
+        };
+        let slices = desired_slices(node(), "d", &content, 1, "p");
+        // 72 devices (64 per slice with counters) and 24 counter sets (8 per slice).
+        let names: Vec<_> = slices
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "n-d",
+                "n-d-1",
+                "n-d-counters-0",
+                "n-d-counters-1",
+                "n-d-counters-2"
+            ]
+        );
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 5));
+        assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 64);
+        assert_eq!(slices[1].spec.devices.as_ref().unwrap().len(), 8);
+        let gpu0 = &slices[0].spec.devices.as_ref().unwrap()[0];
+        assert_eq!(gpu0.capacity.as_ref().unwrap()["memory"].value.0, "160Gi");
+        assert_eq!(
+            slices[2].spec.shared_counters.as_ref().unwrap()[0].counters["memory"]
+                .value
+                .0,
+            "160Gi"
+        );
+    }
+
+    #[test]
+    fn taints_and_withheld_devices() {
+        let content = PoolContent {
+            devices: 3,
+            partitions: 0,
+            scale: 1,
+            tainted: BTreeSet::from([1]),
+            withheld: BTreeSet::from(["gpu-2".to_owned()]),
+        };
+        let slices = desired_slices(node(), "d", &content, 1, "p");
+        assert_eq!(slices.len(), 1);
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert_eq!(
+            devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+            ["gpu-0", "gpu-1"]
+        );
+        assert!(devices[0].taints.is_none());
+        let taint = &devices[1].taints.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                taint.key.as_str(),
+                taint.value.as_deref(),
+                taint.effect.as_str()
+            ),
+            (HEALTH_TAINT_KEY, Some("xid-79"), "NoSchedule")
+        );
+        assert_eq!(content.device_names(), ["gpu-0", "gpu-1"]);
+        // Nothing to publish still makes one (empty) slice.
+        let empty = desired_slices(node(), "d", &PoolContent::plain(0), 1, "p");
+        assert_eq!(empty.len(), 1);
+        assert_eq!(empty[0].spec.devices.as_deref(), Some(&[][..]));
     }
 }
