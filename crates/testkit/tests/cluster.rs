@@ -739,6 +739,28 @@ async fn device_plugin_faults_health_and_probe_pods() -> anyhow::Result<()> {
     .await?;
     pods.delete("probe-none", &Default::default()).await?;
 
+    // -broken: nothing to schedule on either.
+    set_image(
+        &dss,
+        "plugin",
+        "registry.example/sim-device-plugin:v2.1.1-broken",
+    )
+    .await?;
+    all_nodes(|n| allocatable(n, "example.com/gpu") == Some(0)).await?;
+    pods.create(
+        &PostParams::default(),
+        &workload_pod("probe-broken", None, "Never", Some(1), None),
+    )
+    .await?;
+    wait_scheduling_failure(
+        &client,
+        &ns.name,
+        "probe-broken",
+        "Insufficient example.com/gpu",
+    )
+    .await?;
+    pods.delete("probe-broken", &Default::default()).await?;
+
     // -fewer: half the devices.
     set_image(
         &dss,
@@ -1085,6 +1107,38 @@ async fn device_taint_rule_makes_the_scheduler_refuse_a_nodes_devices() -> anyho
     rules.delete(&rule_name, &Default::default()).await?;
     let done = wait_pod(&pods, "on-quarantined", |p| phase(p) == "Succeeded").await?;
     assert_eq!(done.spec.unwrap().node_name.as_deref(), Some("sim-gpu-0"));
+
+    // NoExecute: the real eviction controller removes a running pod that
+    // uses the node's devices, and the fixture does not bring it back.
+    claims
+        .create(&PostParams::default(), &gpu_claim("long", None))
+        .await?;
+    pods.create(
+        &PostParams::default(),
+        &workload_pod("long", Some("sim-gpu-3"), "Always", None, Some("long")),
+    )
+    .await?;
+    let running = wait_pod(&pods, "long", |p| phase(p) == "Running").await?;
+    let uid = running.metadata.uid.clone();
+    let evict_name = format!("{}-evict", ns.name);
+    rules
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                "metadata": {"name": evict_name},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER, "pool": "sim-gpu-3"},
+                    "taint": {"key": "saferollout.dev/quarantine", "effect": "NoExecute"}
+                }
+            }))?,
+        )
+        .await?;
+    wait_for_object(&pods, "long", TIMEOUT, |p| {
+        p.is_none_or(|p| p.metadata.uid != uid)
+    })
+    .await?;
+    rules.delete(&evict_name, &Default::default()).await?;
     dss.delete("driver", &Default::default()).await?;
     Ok(())
 }
