@@ -71,11 +71,15 @@ impl LogPublisher {
         }
     }
 
-    /// Publishes `logs` unless that exact content is published or on its way.
-    pub fn publish(&mut self, node: &str, logs: PodLogs) {
+    /// Publishes `logs` unless that exact content is published or on its
+    /// way; returns whether it is published already.
+    pub fn publish(&mut self, node: &str, logs: PodLogs) -> bool {
         let digest = digest(&logs);
-        if self.published.get(&logs.uid) == Some(&digest) || self.in_flight.contains(&logs.uid) {
-            return;
+        if self.published.get(&logs.uid) == Some(&digest) {
+            return true;
+        }
+        if self.in_flight.contains(&logs.uid) {
+            return false;
         }
         self.in_flight.insert(logs.uid.clone());
         let dir = self.dir.clone();
@@ -98,6 +102,7 @@ impl LogPublisher {
                 ok,
             });
         });
+        false
     }
 
     /// Records a finished publication; returns whether it failed.

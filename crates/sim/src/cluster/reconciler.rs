@@ -245,11 +245,15 @@ impl Reconciler {
     }
 
     fn on_log_outcome(&mut self, outcome: LogOutcome) {
-        if let Some(logs) = self.logs.as_mut()
-            && logs.complete(&outcome)
-        {
+        let Some(logs) = self.logs.as_mut() else {
+            return;
+        };
+        if logs.complete(&outcome) {
             self.wakeups
                 .schedule(&outcome.node, Instant::now() + Duration::from_secs(2));
+        } else {
+            // A workload's final status may be waiting for its log.
+            self.dirty.insert(outcome.node);
         }
     }
 
@@ -462,9 +466,19 @@ impl Reconciler {
         }
         let mut plan = plan;
         if let Some(logs) = self.logs.as_mut() {
+            let mut unpublished = HashSet::new();
             for pod_logs in std::mem::take(&mut plan.logs) {
-                logs.publish(node, pod_logs);
+                let uid = pod_logs.uid.clone();
+                if !logs.publish(node, pod_logs) {
+                    unpublished.insert(uid);
+                }
             }
+            // A pod that ends has its final log readable before anyone
+            // sees it ended, as with a real kubelet.
+            plan.pod_statuses.retain(|update| {
+                let ended = matches!(update.status.phase.as_deref(), Some("Succeeded" | "Failed"));
+                !(ended && unpublished.contains(&update.uid))
+            });
         }
         self.metrics.set(node, plan.gpus.take());
         for op in write_ops(node, node_uid.as_deref(), plan) {

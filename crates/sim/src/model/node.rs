@@ -1044,8 +1044,9 @@ fn pod_claim_name(pod: &Pod, entry: &str) -> Option<String> {
 
 /// Per-GPU metrics of the node: a GPU is healthy when it is not physically
 /// faulty, every agent the node has reports it Healthy (Unknown counts as
-/// healthy during the handover window) and no driver taints it; unhealthy
-/// when the node has no agent.
+/// healthy during the handover window, so a quick agent replacement shows
+/// no dip) and no driver taints it; unhealthy when the node has no agent
+/// (an agent gone for longer than the handover window no longer counts).
 fn gpu_samples(
     node_name: &str,
     node: &NodeFacts,
@@ -1074,7 +1075,11 @@ fn gpu_samples(
     (0..node.physical_devices)
         .map(|index| {
             let device = format!("gpu-{index}");
-            let mut healthy = !services.is_empty();
+            // Services that count: agents present (serving or not), and
+            // agents gone for less than the handover window. An agent gone
+            // for longer is not installed any more and says nothing.
+            let mut counted = false;
+            let mut healthy = true;
             let mut xid = if node.faulty.contains(&index) { 79 } else { 0 };
             for (key, service) in services {
                 let kind = if key.starts_with("dra/") {
@@ -1084,50 +1089,37 @@ fn gpu_samples(
                 };
                 let since = memory.unserved_since.get(key).copied();
                 let within = since.is_some_and(|s| now < add(s, timings.health_handover));
-                let hardware = Hardware {
-                    physical: node.physical_devices,
-                    faulty: &node.faulty,
-                };
-                let handover = Handover {
-                    unserved_since: since,
-                    window: timings.health_handover,
-                    now,
-                };
-                let advertised = service.as_ref().is_some_and(|s| {
-                    s.advertised.contains(&device)
-                        || s.advertised.iter().any(|d| gpu_index(d) == Some(index))
-                });
-                let health = match service.as_ref().filter(|s| s.serving()) {
-                    Some(s) if kind == AgentKind::DraDriver && advertised => {
-                        // Judge a partitioned GPU by any of its devices.
-                        let name = if s.advertised.contains(&device) {
-                            device.clone()
-                        } else {
-                            s.advertised
-                                .iter()
-                                .find(|d| gpu_index(d) == Some(index))
-                                .cloned()
-                                .unwrap_or_else(|| device.clone())
-                        };
-                        device_health(Some(s), kind, &name, &hardware, &handover)
-                    }
-                    other => device_health(other, kind, &device, &hardware, &handover),
-                };
-                let tainted = service.as_ref().is_some_and(|s| {
+                if service.is_none() && !within {
+                    continue;
+                }
+                counted = true;
+                let health = device_health(
+                    service.as_ref(),
+                    kind,
+                    &device,
+                    &Hardware {
+                        physical: node.physical_devices,
+                        faulty: &node.faulty,
+                    },
+                    &Handover {
+                        unserved_since: since,
+                        window: timings.health_handover,
+                        now,
+                    },
+                );
+                let serving = service.as_ref().filter(|s| s.serving());
+                let tainted = serving.is_some_and(|s| {
                     kind == AgentKind::DraDriver
-                        && s.serving()
                         && tainted_gpus(s.fault, node.physical_devices, &node.faulty)
                             .contains(&index)
                 });
-                if service
-                    .as_ref()
-                    .is_some_and(|s| s.fault == Fault::Unhealthy && s.serving())
-                {
+                if serving.is_some_and(|s| s.fault == Fault::Unhealthy) {
                     xid = 79;
                 }
                 let ok = health == Health::Healthy || (health == Health::Unknown && within);
                 healthy &= ok && !tainted;
             }
+            healthy &= counted;
             // A laundering agent may call it healthy; the hardware is not.
             healthy &= !node.faulty.contains(&index);
             GpuSample {
