@@ -996,6 +996,62 @@ async fn dra_driver_taints_partitions_and_device_taint_rules() -> anyhow::Result
     Ok(())
 }
 
+/// Deletes a cluster-scoped object when dropped (also when a test fails
+/// half-way), so it cannot leak into the other tests.
+struct DeleteOnDrop {
+    kubeconfig: std::path::PathBuf,
+    kind: String,
+    name: String,
+}
+
+impl DeleteOnDrop {
+    fn new(kind: &str, name: &str) -> Self {
+        Self {
+            kubeconfig: cluster().kubeconfig().to_path_buf(),
+            kind: kind.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        let _ = saferollout_testkit::kubectl(
+            &self.kubeconfig,
+            &[
+                "delete",
+                &self.kind,
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+        );
+    }
+}
+
+/// Waits until the device-taint eviction controller has reported on the
+/// rule's current generation (condition `EvictionInProgress`).
+async fn wait_rule_seen(
+    rules: &Api<k8s_openapi::api::resource::v1::DeviceTaintRule>,
+    name: &str,
+) -> anyhow::Result<()> {
+    wait_for_object(rules, name, TIMEOUT, |rule| {
+        rule.is_some_and(|rule| {
+            rule.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "EvictionInProgress"
+                        && c.observed_generation == rule.metadata.generation
+                })
+        })
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn device_taint_rule_makes_the_scheduler_refuse_a_nodes_devices() -> anyhow::Result<()> {
     let _serial = NODE_AGENTS.lock().await;
@@ -1044,6 +1100,11 @@ async fn device_taint_rule_makes_the_scheduler_refuse_a_nodes_devices() -> anyho
             }))?,
         )
         .await?;
+    let _rule_cleanup = DeleteOnDrop::new("devicetaintrule", &rule_name);
+    // The rule reaches the scheduler through its informer, with nothing to
+    // show when: wait for the controller manager's condition on it (the
+    // cluster's own sign that the rule is seen) before asking for a device.
+    wait_rule_seen(&rules, &rule_name).await?;
     // The node's devices are refused ...
     claims
         .create(&PostParams::default(), &gpu_claim("on-quarantined", None))
@@ -1134,6 +1195,7 @@ async fn device_taint_rule_makes_the_scheduler_refuse_a_nodes_devices() -> anyho
             }))?,
         )
         .await?;
+    let _evict_cleanup = DeleteOnDrop::new("devicetaintrule", &evict_name);
     wait_for_object(&pods, "long", TIMEOUT, |p| {
         p.is_none_or(|p| p.metadata.uid != uid)
     })

@@ -129,6 +129,8 @@ pub struct NodeMemory {
     /// Device IDs handed to workload containers by device plugins, per pod
     /// UID, container and resource (the device manager's assignments).
     pub assignments: BTreeMap<String, BTreeMap<(String, String), Vec<String>>>,
+    /// When a workload's device was first seen lost (it ends then), per pod UID.
+    pub lost_at: BTreeMap<String, Timestamp>,
     /// Since when no agent serves a resource (`dp/<resource>`) or driver
     /// (`dra/<driver>`) that the node had, for the health handover.
     pub unserved_since: BTreeMap<String, Timestamp>,
@@ -141,6 +143,7 @@ impl NodeMemory {
             && self.endpoints.is_empty()
             && self.pools.is_empty()
             && self.assignments.is_empty()
+            && self.lost_at.is_empty()
             && self.unserved_since.is_empty()
     }
 }
@@ -277,6 +280,7 @@ pub fn plan_node(
         memory.endpoints.clear();
         memory.pools.clear();
         memory.assignments.clear();
+        memory.lost_at.clear();
         memory.unserved_since.clear();
         return plan;
     };
@@ -299,6 +303,7 @@ pub fn plan_node(
         memory
             .assignments
             .retain(|uid, _| workloads.contains_key(uid));
+        memory.lost_at.retain(|uid, _| workloads.contains_key(uid));
     }
     plan.gpus = Some(gpu_samples(
         view.name, node, &services, &workloads, memory, now, timings,
@@ -753,6 +758,7 @@ fn plan_workloads(
     memory
         .assignments
         .retain(|uid, _| workloads.contains_key(uid));
+    memory.lost_at.retain(|uid, _| workloads.contains_key(uid));
     // Device-plugin devices already held, per resource.
     let mut taken: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for containers in memory.assignments.values() {
@@ -770,7 +776,24 @@ fn plan_workloads(
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let started = started_at(pod, memory).unwrap_or(now);
         let devices = workload_devices(pod, view, node, services, memory, &mut taken, now, timings);
-        let moment = workload_moment(pod, &devices, started, timings.workload_run_time, now);
+        let lost_at = devices
+            .values()
+            .flatten()
+            .any(|d| d.lost.is_some())
+            .then(|| {
+                *memory
+                    .lost_at
+                    .entry(uid.clone())
+                    .or_insert(whole_seconds(now))
+            });
+        let moment = workload_moment(
+            pod,
+            &devices,
+            started,
+            timings.workload_run_time,
+            now,
+            lost_at,
+        );
         if let WorkloadMoment::Running {
             ends_at: Some(ends_at),
         } = moment

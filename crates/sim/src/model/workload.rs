@@ -82,18 +82,21 @@ pub enum WorkloadMoment {
     Ended { at: Timestamp, outcome: Outcome },
 }
 
-/// Decides where the workload is at `now`.
+/// Decides where the workload is at `now`. `lost_at` is when the sim first
+/// saw a device of the pod lost (the pod ends then, a time that must not
+/// move, or its status and log would be rewritten forever).
 pub fn workload_moment(
     pod: &Pod,
     devices: &DeviceUse,
     started_at: Timestamp,
     run_time: Duration,
     now: Timestamp,
+    lost_at: Option<Timestamp>,
 ) -> WorkloadMoment {
     let all = || devices.values().flatten();
     if let Some(lost) = all().find_map(|d| d.lost.clone()) {
         return WorkloadMoment::Ended {
-            at: now,
+            at: lost_at.unwrap_or(now),
             outcome: Outcome::Failed(lost),
         };
     }
@@ -384,7 +387,7 @@ mod tests {
         let pod = pod("Never");
         let devices = used(Health::Healthy, None, None);
         let run = Duration::from_secs(2);
-        let m = workload_moment(&pod, &devices, ts(0), run, ts(1));
+        let m = workload_moment(&pod, &devices, ts(0), run, ts(1), None);
         assert_eq!(
             m,
             WorkloadMoment::Running {
@@ -403,7 +406,7 @@ mod tests {
             ("gpu-0", Some("Healthy"))
         );
 
-        let m = workload_moment(&pod, &devices, ts(0), run, ts(3));
+        let m = workload_moment(&pod, &devices, ts(0), run, ts(3), None);
         assert_eq!(
             m,
             WorkloadMoment::Ended {
@@ -448,7 +451,7 @@ mod tests {
             Some("device gpu-0 is not advertised"),
             None,
         );
-        let m = workload_moment(&pod, &devices, ts(0), Duration::from_secs(1), ts(5));
+        let m = workload_moment(&pod, &devices, ts(0), Duration::from_secs(1), ts(5), None);
         let WorkloadMoment::Ended {
             outcome: Outcome::Failed(message),
             ..
@@ -481,7 +484,7 @@ mod tests {
     fn long_running_pods_keep_running_until_their_devices_are_lost() {
         let pod = pod("Always");
         let devices = used(Health::Unknown, Some("unknown"), None);
-        let m = workload_moment(&pod, &devices, ts(0), Duration::from_secs(1), ts(100));
+        let m = workload_moment(&pod, &devices, ts(0), Duration::from_secs(1), ts(100), None);
         assert_eq!(m, WorkloadMoment::Running { ends_at: None });
         let status = desired_workload_status(&pod, &m, &devices, ts(0), "127.0.0.1", ts(100));
         assert_eq!(status.phase.as_deref(), Some("Running"));
@@ -499,7 +502,15 @@ mod tests {
             Some("gone"),
             Some("NodePrepareResources failed for ResourceClaim c: device gone"),
         );
-        let m = workload_moment(&pod, &lost, ts(0), Duration::from_secs(1), ts(100));
+        let m = workload_moment(
+            &pod,
+            &lost,
+            ts(0),
+            Duration::from_secs(1),
+            ts(100),
+            Some(ts(90)),
+        );
+        assert!(matches!(m, WorkloadMoment::Ended { at, .. } if at == ts(90)));
         let status = desired_workload_status(&pod, &m, &lost, ts(0), "127.0.0.1", ts(100));
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         assert!(status.message.unwrap().contains("NodePrepareResources"));

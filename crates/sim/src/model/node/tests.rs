@@ -971,6 +971,27 @@ fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
         .collect();
     assert_eq!(devices, ["gpu-0", "gpu-2", "gpu-3"]);
     assert_eq!(world.phase("trainer"), "Failed");
+    // Planned again a second later (before the ended status is seen), the
+    // pod ends at the same time, with the same log: the sim holds an ended
+    // status back until its log is published, so a log that moved with the
+    // clock would hold it back forever.
+    let mut again = World::new(4, vec![driver("d1", "driver:v1-dropclaims", 0)]);
+    again.claims = vec![allocated_claim("c1", "gpu-1")];
+    again.workloads = vec![workload("trainer", "Always", None, Some("c1"))];
+    let first = again.plan(20);
+    let second = again.plan(21);
+    // (Condition transition times are "now" for conditions that change:
+    // only the container's end and the log must hold still.)
+    let status = |plan: &NodePlan| {
+        plan.pod_statuses
+            .iter()
+            .find(|u| u.name == "trainer")
+            .map(|u| (u.status.phase.clone(), u.status.container_statuses.clone()))
+    };
+    assert!(status(&first).is_some());
+    assert_eq!(status(&first), status(&second));
+    let log = |plan: &NodePlan| plan.logs.iter().find(|l| l.name == "trainer").cloned();
+    assert_eq!(log(&first), log(&second));
     let message = world.workload_status("trainer").message.clone().unwrap();
     assert!(
         message.starts_with("NodePrepareResources failed for ResourceClaim c1: device gpu-1"),
