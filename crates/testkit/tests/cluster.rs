@@ -739,14 +739,15 @@ async fn device_plugin_faults_health_and_probe_pods() -> anyhow::Result<()> {
     .await?;
     pods.delete("probe-none", &Default::default()).await?;
 
-    // -broken: nothing to schedule on either.
-    set_image(
-        &dss,
-        "plugin",
-        "registry.example/sim-device-plugin:v2.1.1-broken",
-    )
+    // -broken: nothing to schedule on either (capacity 0 tells this state
+    // from the -unhealthy one, whose allocatable was 0 too).
+    let broken = "registry.example/sim-device-plugin:v2.1.1-broken";
+    set_image(&dss, "plugin", broken).await?;
+    wait_agents_ready(&pods, "plugin", broken).await?;
+    all_nodes(|n| {
+        allocatable(n, "example.com/gpu") == Some(0) && capacity(n, "example.com/gpu") == Some(0)
+    })
     .await?;
-    all_nodes(|n| allocatable(n, "example.com/gpu") == Some(0)).await?;
     pods.create(
         &PostParams::default(),
         &workload_pod("probe-broken", None, "Never", Some(1), None),

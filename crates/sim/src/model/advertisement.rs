@@ -16,8 +16,13 @@ pub enum Endpoint {
     /// A plugin is registered and reports `devices`, `unhealthy` of them
     /// Unhealthy (not allocatable).
     Registered { devices: u64, unhealthy: u64 },
-    /// The plugin endpoint stopped at `since`, having last reported `devices`.
-    Stopped { since: Timestamp, devices: u64 },
+    /// The plugin endpoint stopped at `since`, having last reported
+    /// `devices`, `unhealthy` of them Unhealthy.
+    Stopped {
+        since: Timestamp,
+        devices: u64,
+        unhealthy: u64,
+    },
 }
 
 /// Advances the endpoint record to `now`.
@@ -36,14 +41,16 @@ pub fn next_endpoint(
 ) -> Option<Endpoint> {
     match (plugin_devices, previous) {
         (Some((devices, unhealthy)), _) => Some(Endpoint::Registered { devices, unhealthy }),
-        (None, Some(Endpoint::Registered { devices, .. })) => Some(Endpoint::Stopped {
+        (None, Some(Endpoint::Registered { devices, unhealthy })) => Some(Endpoint::Stopped {
             since: now,
             devices,
+            unhealthy,
         }),
         (None, Some(stopped @ Endpoint::Stopped { .. })) => Some(stopped),
         (None, None) => owned_capacity.map(|devices| Endpoint::Stopped {
             since: now,
             devices,
+            unhealthy: 0,
         }),
     }
 }
@@ -54,15 +61,6 @@ pub fn next_endpoint(
 pub struct ResourceEntries {
     pub capacity: Option<String>,
     pub allocatable: Option<String>,
-}
-
-impl ResourceEntries {
-    fn both(devices: u64) -> Self {
-        Self {
-            capacity: Some(devices.to_string()),
-            allocatable: Some(devices.to_string()),
-        }
-    }
 }
 
 /// What the node should show for the resource, and when that changes next.
@@ -86,7 +84,11 @@ pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> 
             next_change: None,
             finished: false,
         },
-        Endpoint::Stopped { since, devices } => {
+        Endpoint::Stopped {
+            since,
+            devices,
+            unhealthy,
+        } => {
             let zeroed_at = add(since, timings.status_delay);
             let removed_at = add(since, timings.endpoint_stop_grace);
             if now >= removed_at {
@@ -102,7 +104,12 @@ pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> 
                     allocatable: Some("0".into()),
                 }
             } else {
-                ResourceEntries::both(devices)
+                // Until the node status catches up it shows what the plugin
+                // last reported, unhealthy devices not allocatable.
+                ResourceEntries {
+                    capacity: Some(devices.to_string()),
+                    allocatable: Some(devices.saturating_sub(unhealthy).to_string()),
+                }
             };
             let next_change = [zeroed_at, removed_at]
                 .into_iter()
@@ -171,7 +178,8 @@ mod tests {
             stopped,
             Some(Endpoint::Stopped {
                 since: ts(5),
-                devices: 4
+                devices: 4,
+                unhealthy: 0,
             })
         );
         // Staying stopped keeps the original stop time.
@@ -197,7 +205,8 @@ mod tests {
             next_endpoint(None, None, Some(4), ts(7)),
             Some(Endpoint::Stopped {
                 since: ts(7),
-                devices: 4
+                devices: 4,
+                unhealthy: 0,
             })
         );
     }
@@ -244,6 +253,7 @@ mod tests {
         let stopped = Endpoint::Stopped {
             since: ts(100),
             devices: 4,
+            unhealthy: 0,
         };
 
         let before_status_update =
@@ -272,6 +282,7 @@ mod tests {
         let stopped = Endpoint::Stopped {
             since: ts(0),
             devices: 4,
+            unhealthy: 0,
         };
         let early = advertisement(&stopped, ts(1), &timings);
         assert_eq!(early.entries, entries(Some("4"), Some("4")));
@@ -285,5 +296,21 @@ mod tests {
         assert_eq!(parse_count(" 3 "), 3);
         assert_eq!(parse_count("1k"), 0);
         assert_eq!(parse_count(""), 0);
+    }
+
+    #[test]
+    fn stopping_plugin_with_unhealthy_devices_never_shows_them_allocatable() {
+        let stopped = next_endpoint(
+            Some(Endpoint::Registered {
+                devices: 8,
+                unhealthy: 8,
+            }),
+            None,
+            None,
+            ts(0),
+        )
+        .unwrap();
+        let plan = advertisement(&stopped, ts(0), &Timings::default());
+        assert_eq!(plan.entries, entries(Some("8"), Some("0")));
     }
 }
