@@ -14,7 +14,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::FIELD_MANAGER;
 use crate::model::ids;
@@ -49,15 +49,59 @@ pub struct LogOutcome {
     pub ok: bool,
 }
 
+/// Which pods' logs are published, failing or on their way: one
+/// publication at a time per pod, each content once.
+#[derive(Debug, Default)]
+pub struct LogLedger {
+    /// Digest of what was last published per pod UID.
+    published: HashMap<String, u64>,
+    /// Digest of what last failed to publish per pod UID.
+    failed: HashMap<String, u64>,
+    in_flight: HashSet<String>,
+}
+
+impl LogLedger {
+    /// Where the pod's logs with `digest` stand, and whether to send them
+    /// now (they then count as in flight).
+    pub fn decide(&mut self, uid: &str, digest: u64) -> (LogState, bool) {
+        if self.published.get(uid) == Some(&digest) {
+            return (LogState::Published, false);
+        }
+        let state = if self.failed.get(uid) == Some(&digest) {
+            LogState::Failing
+        } else {
+            LogState::Pending
+        };
+        let send = self.in_flight.insert(uid.to_owned());
+        (state, send)
+    }
+
+    /// Records a finished publication; returns whether it failed.
+    pub fn complete(&mut self, uid: &str, digest: u64, ok: bool) -> bool {
+        self.in_flight.remove(uid);
+        if ok {
+            self.published.insert(uid.to_owned(), digest);
+            self.failed.remove(uid);
+        } else {
+            self.failed.insert(uid.to_owned(), digest);
+        }
+        !ok
+    }
+
+    /// Forgets pods that are gone.
+    pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
+        self.published.retain(|uid, _| alive(uid));
+        self.failed.retain(|uid, _| alive(uid));
+    }
+}
+
 /// Writes log files and their KWOK `Logs` objects, each pod's only when its
 /// lines changed, one publication at a time per pod.
 pub struct LogPublisher {
     dir: PathBuf,
     client: Client,
     outcomes: mpsc::UnboundedSender<LogOutcome>,
-    /// Digest of what was last published per pod UID.
-    published: HashMap<String, u64>,
-    in_flight: HashSet<String>,
+    ledger: LogLedger,
 }
 
 impl LogPublisher {
@@ -66,32 +110,35 @@ impl LogPublisher {
             dir,
             client,
             outcomes,
-            published: HashMap::new(),
-            in_flight: HashSet::new(),
+            ledger: LogLedger::default(),
         }
     }
 
     /// Publishes `logs` unless that exact content is published or on its
-    /// way; returns whether it is published already.
-    pub fn publish(&mut self, node: &str, logs: PodLogs) -> bool {
+    /// way, and says where the pod's logs stand.
+    pub fn publish(&mut self, node: &str, logs: PodLogs) -> LogState {
         let digest = digest(&logs);
-        if self.published.get(&logs.uid) == Some(&digest) {
-            return true;
+        let (state, send) = self.ledger.decide(&logs.uid, digest);
+        if !send {
+            return state;
         }
-        if self.in_flight.contains(&logs.uid) {
-            return false;
-        }
-        self.in_flight.insert(logs.uid.clone());
         let dir = self.dir.clone();
         let client = self.client.clone();
         let outcomes = self.outcomes.clone();
         let node = node.to_owned();
+        // Said once per pod and content; retries are quiet.
+        let loud = state == LogState::Pending;
         tokio::spawn(async move {
             let uid = logs.uid.clone();
+            let pod = format!("{}/{}", logs.namespace, logs.name);
             let ok = match write_logs(&dir, client, &logs).await {
                 Ok(()) => true,
+                Err(error) if loud => {
+                    warn!(pod, "publishing logs failed; retrying: {error:#}");
+                    false
+                }
                 Err(error) => {
-                    warn!(pod = %format!("{}/{}", logs.namespace, logs.name), "publishing logs failed; retrying: {error:#}");
+                    debug!(pod, "publishing logs failed again: {error:#}");
                     false
                 }
             };
@@ -102,22 +149,31 @@ impl LogPublisher {
                 ok,
             });
         });
-        false
+        state
     }
 
     /// Records a finished publication; returns whether it failed.
     pub fn complete(&mut self, outcome: &LogOutcome) -> bool {
-        self.in_flight.remove(&outcome.uid);
-        if outcome.ok {
-            self.published.insert(outcome.uid.clone(), outcome.digest);
-        }
-        !outcome.ok
+        self.ledger
+            .complete(&outcome.uid, outcome.digest, outcome.ok)
     }
 
     /// Forgets pods that are gone.
     pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
-        self.published.retain(|uid, _| alive(uid));
+        self.ledger.retain(alive);
     }
+}
+
+/// Where a pod's current logs stand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogState {
+    Published,
+    /// Being written for the first time.
+    Pending,
+    /// Writing this content failed before; being retried. Nobody waits for
+    /// it (a broken log directory or a missing KWOK CRD must not stop pods
+    /// from ending).
+    Failing,
 }
 
 fn digest(logs: &PodLogs) -> u64 {
@@ -233,4 +289,42 @@ pub async fn serve_metrics(addr: SocketAddr, metrics: GpuMetrics) -> anyhow::Res
     });
     info!(%bound, "serving GPU metrics at /metrics");
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_content_is_published_once_and_failures_stop_holding_back() {
+        let mut ledger = LogLedger::default();
+        assert_eq!(ledger.decide("a", 1), (LogState::Pending, true));
+        // In flight: not sent twice, still pending.
+        assert_eq!(ledger.decide("a", 1), (LogState::Pending, false));
+        assert!(!ledger.complete("a", 1, true));
+        assert_eq!(ledger.decide("a", 1), (LogState::Published, false));
+        // New content goes out; a failure makes it Failing (retried, not
+        // waited for) until it succeeds.
+        assert_eq!(ledger.decide("a", 2), (LogState::Pending, true));
+        assert!(ledger.complete("a", 2, false));
+        assert_eq!(ledger.decide("a", 2), (LogState::Failing, true));
+        assert!(!ledger.complete("a", 2, true));
+        assert_eq!(ledger.decide("a", 2), (LogState::Published, false));
+        ledger.retain(|uid| uid != "a");
+        assert_eq!(ledger.decide("a", 2), (LogState::Pending, true));
+    }
+
+    #[test]
+    fn log_paths_follow_the_pod() {
+        let logs = PodLogs {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: "u".into(),
+            containers: BTreeMap::new(),
+        };
+        assert_eq!(
+            log_path(Path::new("/s"), &logs, "agent"),
+            PathBuf::from("/s/ns_p_u/agent.log")
+        );
+    }
 }

@@ -20,7 +20,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
 use super::mirror::{Entry, Mirror, parse_resource_version};
-use super::outputs::{GpuMetrics, LogOutcome, LogPublisher, serve_metrics};
+use super::outputs::{GpuMetrics, LogOutcome, LogPublisher, LogState, serve_metrics};
 use super::wakeups::Wakeups;
 use super::writes::{self, Decision, WriteError, WriteKey, WriteOp, WriteTracker, Written};
 use crate::model::Timings;
@@ -46,6 +46,8 @@ const MAX_CONCURRENT_WRITES: usize = 32;
 /// wall-clock boundary it waits for has certainly passed.
 const TIMER_SLACK: Duration = Duration::from_millis(20);
 const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// How soon a failed log publication is tried again.
+const LOG_RETRY: Duration = Duration::from_secs(5);
 
 /// Runs the sim until `shutdown` completes.
 pub async fn run(
@@ -249,8 +251,9 @@ impl Reconciler {
             return;
         };
         if logs.complete(&outcome) {
+            // Tried again (and no longer waited for) at the next look.
             self.wakeups
-                .schedule(&outcome.node, Instant::now() + Duration::from_secs(2));
+                .schedule(&outcome.node, Instant::now() + LOG_RETRY);
         } else {
             // A workload's final status may be waiting for its log.
             self.dirty.insert(outcome.node);
@@ -469,7 +472,7 @@ impl Reconciler {
             let mut unpublished = HashSet::new();
             for pod_logs in std::mem::take(&mut plan.logs) {
                 let uid = pod_logs.uid.clone();
-                if !logs.publish(node, pod_logs) {
+                if logs.publish(node, pod_logs) == LogState::Pending {
                     unpublished.insert(uid);
                 }
             }
