@@ -1247,6 +1247,46 @@ async fn dra_health_dropped_claims_and_probe_pods() -> anyhow::Result<()> {
     let (_, device_id, _) = resource_health(&running).remove(0);
     let device = device_id.rsplit('/').next().unwrap().to_owned();
 
+    // A probe whose claim comes from a template (as a probe gate would
+    // make it): the claim controller creates the claim, the real scheduler
+    // allocates it, the probe succeeds and reports the device.
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), &ns.name);
+    templates
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu"},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+                ]}}}
+            }))?,
+        )
+        .await?;
+    let mut templated = workload_pod("templated", Some("sim-gpu-2"), "Never", None, None);
+    let spec = templated.spec.as_mut().unwrap();
+    spec.resource_claims = Some(vec![serde_json::from_value(
+        json!({"name": "gpu", "resourceClaimTemplateName": "one-gpu"}),
+    )?]);
+    spec.containers[0].resources = Some(serde_json::from_value(
+        json!({"claims": [{"name": "gpu"}]}),
+    )?);
+    pods.create(&PostParams::default(), &templated).await?;
+    let done = wait_pod(&pods, "templated", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    assert_eq!(phase(&done), "Succeeded", "{:#?}", done.status);
+    let health = resource_health(&done);
+    assert_eq!(health.len(), 1, "{health:?}");
+    assert_eq!(health[0].0, "claim:gpu");
+    assert!(
+        health[0].1.starts_with(&format!("{DRIVER}/sim-gpu-2/gpu-")),
+        "{health:?}"
+    );
+    assert_eq!(health[0].2, "Healthy");
+
     // -unhealthy: Unhealthy in the status; a probe there fails.
     set_image(
         &dss,

@@ -24,7 +24,7 @@ use super::outputs::{GpuMetrics, LogOutcome, LogPublisher, LogState, serve_metri
 use super::wakeups::Wakeups;
 use super::writes::{self, Decision, WriteError, WriteKey, WriteOp, WriteTracker, Written};
 use crate::model::Timings;
-use crate::model::node::{NodeFacts, NodeMemory, NodePlan, NodeView, plan_node};
+use crate::model::node::{NodeFacts, NodeMemory, NodePlan, NodeView, plan_node, referenced_claims};
 use crate::model::pod_status::pod_status_patch;
 use crate::model::time::elapsed;
 use crate::{AGENT_LABEL, SLICE_NODE_LABEL, WORKLOAD_LABEL};
@@ -441,8 +441,18 @@ impl Reconciler {
         let (plan, node_uid) = {
             let pods: Vec<&Pod> = self.pods.on_node(node).map(AsRef::as_ref).collect();
             let workloads: Vec<&Pod> = self.workloads.on_node(node).map(AsRef::as_ref).collect();
-            let claims: Vec<&ResourceClaim> =
+            let mut claims: Vec<&ResourceClaim> =
                 self.claims.on_node(node).map(AsRef::as_ref).collect();
+            for pod in &workloads {
+                let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+                for name in referenced_claims(pod) {
+                    if let Some(claim) = self.claims.get(&format!("{namespace}/{name}"))
+                        && !claims.iter().any(|c| std::ptr::eq(*c, claim.as_ref()))
+                    {
+                        claims.push(claim.as_ref());
+                    }
+                }
+            }
             let slices: Vec<&ResourceSlice> =
                 self.slices.on_node(node).map(AsRef::as_ref).collect();
             let facts = self.nodes.get(node);

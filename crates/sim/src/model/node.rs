@@ -211,7 +211,8 @@ pub struct NodeView<'a> {
     pub pods: &'a [&'a Pod],
     /// Workload pods (label `sim.saferollout.dev/workload`) bound to the node.
     pub workloads: &'a [&'a Pod],
-    /// ResourceClaims allocated in the node's pools.
+    /// ResourceClaims allocated in the node's pools, and those the node's
+    /// workload pods use.
     pub claims: &'a [&'a ResourceClaim],
     /// The sim's slices that name the node.
     pub slices: &'a [&'a ResourceSlice],
@@ -775,6 +776,19 @@ fn plan_workloads(
     for pod in ordered {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let started = started_at(pod, memory).unwrap_or(now);
+        if !claims_ready(pod, view) {
+            // As a kubelet that cannot prepare the pod's claims yet: the pod
+            // does not start (the claim's allocation is on its way).
+            if pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .is_none()
+            {
+                memory.pod_started.remove(&uid);
+            }
+            continue;
+        }
         let devices = workload_devices(pod, view, node, services, memory, &mut taken, now, timings);
         let lost_at = devices
             .values()
@@ -1040,6 +1054,37 @@ fn reported_ids(pod: &Pod, container: &str, resource: &str) -> Option<Vec<String
             .map(|r| r.resource_id.clone())
             .collect(),
     )
+}
+
+/// Names of the ResourceClaims the pod's containers use (those known yet).
+pub fn referenced_claims(pod: &Pod) -> Vec<String> {
+    let containers: &[Container] = pod.spec.as_ref().map_or(&[], |s| &s.containers);
+    let mut names: Vec<String> = containers
+        .iter()
+        .flat_map(|c| c.resources.iter().flat_map(|r| r.claims.iter().flatten()))
+        .filter_map(|r| pod_claim_name(pod, &r.name))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Whether every claim the pod's containers use is known and allocated.
+fn claims_ready(pod: &Pod, view: NodeView<'_>) -> bool {
+    let namespace = pod.metadata.namespace.as_deref();
+    let containers: &[Container] = pod.spec.as_ref().map_or(&[], |s| &s.containers);
+    containers
+        .iter()
+        .flat_map(|c| c.resources.iter().flat_map(|r| r.claims.iter().flatten()))
+        .all(|r| {
+            pod_claim_name(pod, &r.name).is_some_and(|name| {
+                view.claims.iter().any(|c| {
+                    c.metadata.name.as_deref() == Some(name.as_str())
+                        && c.metadata.namespace.as_deref() == namespace
+                        && allocation_results(c).next().is_some()
+                })
+            })
+        })
 }
 
 /// The ResourceClaim behind a pod's claim entry: `resourceClaimName`, or

@@ -941,6 +941,31 @@ fn partitioned_driver_publishes_a_complete_two_slice_pool() {
 }
 
 #[test]
+fn workloads_wait_for_their_claims_to_be_allocated() {
+    let mut world = World::new(4, vec![driver("d1", "driver:v1", 0)]);
+    world.workloads = vec![workload("probe", "Never", None, Some("c1"))];
+    // Unknown claim, then a claim not allocated yet: the pod does not start.
+    let plan = world.step(5);
+    assert!(
+        plan.pod_statuses.iter().all(|u| u.name != "probe"),
+        "{plan:#?}"
+    );
+    let mut pending = allocated_claim("c1", "gpu-0");
+    pending.status = None;
+    world.claims = vec![pending];
+    world.step(6);
+    assert!(world.workloads[0].status.is_none());
+    // Allocated: it starts then, and runs its full time.
+    world.claims = vec![allocated_claim("c1", "gpu-0")];
+    world.step(7);
+    assert_eq!(world.phase("probe"), "Running");
+    assert_eq!(world.workload_status("probe").start_time, Some(Time(ts(7))));
+    world.step(8);
+    assert_eq!(world.phase("probe"), "Succeeded");
+    assert_eq!(referenced_claims(&world.workloads[0]), ["c1"]);
+}
+
+#[test]
 fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
     let mut world = World::new(4, vec![driver("d1", "driver:v1", 0)]);
     world.claims = vec![allocated_claim("c1", "gpu-1")];
