@@ -1294,10 +1294,22 @@ async fn dra_health_dropped_claims_and_probe_pods() -> anyhow::Result<()> {
         "registry.example/sim-dra-driver:v3.1.0-unhealthy",
     )
     .await?;
-    wait_pod(&pods, "trainer", |p| {
+    let unhealthy = wait_pod(&pods, "trainer", |p| {
         resource_health(p).iter().all(|(_, _, h)| h == "Unhealthy")
     })
     .await?;
+    // The driver's word on it comes through (ResourceHealthStatusMessage).
+    let message = unhealthy
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .flat_map(|c| c.allocated_resources_status.iter().flatten())
+        .flat_map(|r| r.resources.iter().flatten())
+        .find_map(|h| h.message.clone());
+    assert_eq!(
+        message.as_deref(),
+        Some("XID 79: GPU has fallen off the bus")
+    );
     claims
         .create(&PostParams::default(), &gpu_claim("probe", None))
         .await?;

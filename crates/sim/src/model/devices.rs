@@ -17,6 +17,9 @@ use super::slice::gpu_index;
 use super::time::add;
 use super::{AgentKind, Fault};
 
+/// What a driver reports for a faulty device (and what `-unhealthy` claims).
+pub const XID_MESSAGE: &str = "XID 79: GPU has fallen off the bus";
+
 /// Health of a device as the kubelet reports it in `allocatedResourcesStatus`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Health {

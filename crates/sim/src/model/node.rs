@@ -933,6 +933,7 @@ fn workload_devices(
                     problem: problem(resource, &id, health, physically_faulty(&id), false),
                     resource_id: id,
                     health,
+                    health_message: None,
                     lost: None,
                 });
             }
@@ -997,10 +998,14 @@ fn workload_devices(
                     physically_faulty(&result.device),
                     tainted,
                 );
+                let health_message = (health == Health::Unhealthy && lost.is_none())
+                    .then(|| dra_health_message(service, &result.device, node))
+                    .flatten();
                 devices.push(UsedDevice {
                     status_name: status_name.clone(),
                     resource_id,
                     health,
+                    health_message,
                     problem,
                     lost,
                 });
@@ -1013,6 +1018,24 @@ fn workload_devices(
     used
 }
 
+/// What a serving DRA driver says about an Unhealthy device (the kubelet
+/// passes it on as `resources[].message`).
+fn dra_health_message(
+    service: Option<&AgentService>,
+    device: &str,
+    node: &NodeFacts,
+) -> Option<String> {
+    let service = service.filter(|s| s.serving())?;
+    let faulty = gpu_index(device).is_some_and(|i| node.faulty.contains(&i));
+    if service.fault == Fault::Unhealthy || faulty {
+        Some(super::devices::XID_MESSAGE.to_owned())
+    } else if !service.advertised.contains(device) {
+        Some(format!("device {device} is not published"))
+    } else {
+        None
+    }
+}
+
 /// Why a workload cannot use a device, if it cannot: its health is not
 /// Healthy, the hardware is faulty (whatever a laundering agent reports),
 /// or its driver tainted it.
@@ -1020,7 +1043,10 @@ fn problem(name: &str, id: &str, health: Health, faulty: bool, tainted: bool) ->
     let why = if health != Health::Healthy {
         format!("{name} device {id} is {}", health.as_str())
     } else if faulty {
-        format!("{name} device {id} has a hardware fault (XID 79: GPU has fallen off the bus)")
+        format!(
+            "{name} device {id} has a hardware fault ({})",
+            super::devices::XID_MESSAGE
+        )
     } else if tainted {
         format!(
             "{name} device {id} carries the health taint {}={}:{}",

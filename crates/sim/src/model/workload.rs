@@ -39,6 +39,10 @@ pub struct UsedDevice {
     /// `<driver>/<pool>/<device>` (DRA).
     pub resource_id: String,
     pub health: Health,
+    /// `resources[].message`: what the DRA driver says about the device's
+    /// health (the kubelet passes a driver's message on; device plugins
+    /// have none).
+    pub health_message: Option<String>,
     /// Why a workload cannot use it, `None` when it can.
     pub problem: Option<String>,
     /// Set when the device was taken away from the pod (`-dropclaims`): the
@@ -238,12 +242,15 @@ pub fn desired_workload_status(
 /// `allocatedResourcesStatus` of one container: one entry per resource
 /// name, devices sorted by ID.
 fn allocated_resources_status(used: &[UsedDevice]) -> Option<Vec<ResourceStatus>> {
-    let mut by_name: BTreeMap<&str, BTreeSet<(&str, Health)>> = BTreeMap::new();
+    // Per resource name: (resource ID, health, message), sorted by ID.
+    type Entries<'a> = BTreeSet<(&'a str, Health, Option<&'a str>)>;
+    let mut by_name: BTreeMap<&str, Entries<'_>> = BTreeMap::new();
     for device in used {
-        by_name
-            .entry(&device.status_name)
-            .or_default()
-            .insert((&device.resource_id, device.health));
+        by_name.entry(&device.status_name).or_default().insert((
+            &device.resource_id,
+            device.health,
+            device.health_message.as_deref(),
+        ));
     }
     if by_name.is_empty() {
         return None;
@@ -256,10 +263,10 @@ fn allocated_resources_status(used: &[UsedDevice]) -> Option<Vec<ResourceStatus>
                 resources: Some(
                     devices
                         .into_iter()
-                        .map(|(id, health)| ResourceHealth {
+                        .map(|(id, health, message)| ResourceHealth {
                             resource_id: id.to_owned(),
                             health: Some(health.as_str().to_owned()),
-                            message: None,
+                            message: message.map(str::to_owned),
                         })
                         .collect(),
                 ),
@@ -376,6 +383,7 @@ mod tests {
                 status_name: "example.com/gpu".into(),
                 resource_id: "gpu-0".into(),
                 health,
+                health_message: None,
                 problem: problem.map(Into::into),
                 lost: lost.map(Into::into),
             }],

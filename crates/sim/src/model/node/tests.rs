@@ -983,6 +983,23 @@ fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
         world.health("trainer"),
         health_of(&[("claim:gpu", &id, "Unhealthy")])
     );
+    let message = world
+        .workload_status("trainer")
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+        .allocated_resources_status
+        .as_ref()
+        .unwrap()[0]
+        .resources
+        .as_ref()
+        .unwrap()[0]
+        .message
+        .clone();
+    assert_eq!(
+        message.as_deref(),
+        Some("XID 79: GPU has fallen off the bus")
+    );
     assert_eq!(world.phase("trainer"), "Running");
 
     world.pods = vec![driver("d3", "driver:v3-dropclaims", 7)];
