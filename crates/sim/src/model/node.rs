@@ -24,7 +24,7 @@ use super::slice::{
 use super::time::{add, whole_seconds};
 use super::workload::{
     DeviceUse, UsedDevice, WorkloadMoment, assign_plugin_devices, desired_workload_status,
-    is_terminal, keep_addresses, workload_log_lines, workload_moment,
+    is_terminal, workload_log_lines, workload_moment,
 };
 use super::{AgentKind, Fault, ids};
 use crate::{
@@ -770,6 +770,25 @@ fn plan_workloads(
                 .extend(ids.iter().cloned());
         }
     }
+    // ... and those the pods' statuses report (what a restarted sim
+    // continues from), so no pod is handed another's device.
+    for pod in workloads.values() {
+        let reported = pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .flat_map(|c| c.allocated_resources_status.iter().flatten())
+            .filter(|r| !r.name.starts_with("claim:"));
+        for entry in reported {
+            taken.entry(entry.name.clone()).or_default().extend(
+                entry
+                    .resources
+                    .iter()
+                    .flatten()
+                    .map(|r| r.resource_id.clone()),
+            );
+        }
+    }
     // Oldest first, as the kubelet admits them.
     let mut ordered: Vec<&Pod> = workloads.values().copied().collect();
     ordered.sort_by_key(|p| age_key(p));
@@ -814,8 +833,8 @@ fn plan_workloads(
         {
             plan.wake_at(Some(ends_at));
         }
-        let mut status = desired_workload_status(pod, &moment, &devices, started, host_ip, now);
-        keep_addresses(&mut status, pod.status.as_ref());
+        // (Addresses and start time are kept from the current status.)
+        let status = desired_workload_status(pod, &moment, &devices, started, host_ip, now);
         if pod_status_differs(pod.status.as_ref(), &status) {
             plan.pod_statuses.push(PodStatusUpdate {
                 namespace: pod.metadata.namespace.clone().unwrap_or_default(),

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateTerminated, ContainerStatus, HostIP, Pod, PodIP,
-    PodStatus, ResourceHealth, ResourceStatus,
+    Container, ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
+    ResourceHealth, ResourceStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -327,21 +327,6 @@ pub fn assign_plugin_devices(
         index += 1;
     }
     assigned
-}
-
-/// Addresses and start time a terminal status keeps, as the running one had.
-pub fn keep_addresses(status: &mut PodStatus, current: Option<&PodStatus>) {
-    let Some(current) = current else {
-        return;
-    };
-    if let Some(ip) = &current.host_ip {
-        status.host_ip = Some(ip.clone());
-        status.host_ips = Some(vec![HostIP { ip: ip.clone() }]);
-    }
-    if let Some(ip) = &current.pod_ip {
-        status.pod_ip = Some(ip.clone());
-        status.pod_ips = Some(vec![PodIP { ip: ip.clone() }]);
-    }
 }
 
 #[cfg(test)]

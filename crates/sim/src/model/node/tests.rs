@@ -851,6 +851,33 @@ fn probe_runs_then_succeeds_and_long_runner_reports_health() {
 }
 
 #[test]
+fn a_restarted_sim_keeps_device_assignments_from_the_statuses() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.workloads = vec![workload("trainer", "Always", Some(1), None)];
+    world.step(5);
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[(GPU, "gpu-0", "Healthy")])
+    );
+    // The sim restarts (memory gone, statuses remain) and meets a pod it
+    // has not started, older than "trainer", so handed devices first: it
+    // must not get the gpu-0 that "trainer"'s status says it holds.
+    world.memory = NodeMemory::default();
+    let mut older = workload("older", "Always", Some(1), None);
+    older.metadata.creation_timestamp = Some(Time(ts(1)));
+    world.workloads.push(older);
+    world.step(7);
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[(GPU, "gpu-0", "Healthy")])
+    );
+    assert_eq!(
+        world.health("older"),
+        health_of(&[(GPU, "gpu-1", "Healthy")])
+    );
+}
+
+#[test]
 fn probe_on_faulty_hardware_fails_even_under_a_laundering_plugin() {
     let mut world = World::new(2, vec![plugin("p1", "plugin:v1-cleartaints", 0)]);
     world.node.as_mut().unwrap().faulty = BTreeSet::from([0, 1]);
