@@ -33,6 +33,28 @@ pub struct Args {
     /// How often `-flap` agents switch between advertising and not.
     #[arg(long, value_name = "DURATION", default_value = "4s", value_parser = parse_positive_duration)]
     pub flap_period: Duration,
+
+    /// How long devices read Unknown in workload pods'
+    /// allocatedResourcesStatus after their agent stops serving (the
+    /// kubelet's DRA health cache waits 30s).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub health_handover: Duration,
+
+    /// How long run-to-completion workload pods (restartPolicy Never or
+    /// OnFailure) run before they succeed or fail.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub workload_run_time: Duration,
+
+    /// Directory for container log files, served by KWOK's kubelet server
+    /// through a KWOK `Logs` object per pod (KWOK needs --enable-crds=Logs).
+    /// Without it no logs are written.
+    #[arg(long, value_name = "DIR")]
+    pub pod_logs_dir: Option<PathBuf>,
+
+    /// Address to serve DCGM-style per-GPU metrics on (`/metrics`), e.g.
+    /// 127.0.0.1:9400. Without it no metrics are served.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Args {
@@ -42,7 +64,16 @@ impl Args {
             endpoint_stop_grace: self.endpoint_stop_grace,
             slow_delay: self.slow_delay,
             flap_period: self.flap_period,
+            health_handover: self.health_handover,
+            workload_run_time: self.workload_run_time,
             ..Timings::default()
+        }
+    }
+
+    pub fn outputs(&self) -> crate::cluster::Outputs {
+        crate::cluster::Outputs {
+            pod_logs_dir: self.pod_logs_dir.clone(),
+            metrics_addr: self.metrics_addr,
         }
     }
 }
@@ -134,6 +165,10 @@ mod tests {
         assert_eq!(timings.endpoint_stop_grace, Duration::from_secs(30));
         assert_eq!(timings.slow_delay, Duration::from_secs(20));
         assert_eq!(timings.flap_period, Duration::from_secs(4));
+        assert_eq!(timings.health_handover, Duration::from_secs(5));
+        assert_eq!(timings.workload_run_time, Duration::from_secs(1));
+        assert_eq!(defaults.pod_logs_dir, None);
+        assert_eq!(defaults.metrics_addr, None);
 
         let args = Args::try_parse_from([
             "saferollout-sim",
@@ -146,6 +181,10 @@ mod tests {
             "3s",
             "--flap-period",
             "1s",
+            "--health-handover=2s",
+            "--workload-run-time=500ms",
+            "--pod-logs-dir=/tmp/logs",
+            "--metrics-addr=127.0.0.1:9400",
         ])
         .unwrap();
         assert_eq!(args.kubeconfig, Some(PathBuf::from("/tmp/kc")));
@@ -153,6 +192,11 @@ mod tests {
         assert_eq!(args.endpoint_stop_grace, Duration::from_secs(5));
         assert_eq!(args.slow_delay, Duration::from_secs(3));
         assert_eq!(args.flap_period, Duration::from_secs(1));
+        assert_eq!(args.health_handover, Duration::from_secs(2));
+        assert_eq!(args.workload_run_time, Duration::from_millis(500));
+        assert_eq!(args.pod_logs_dir, Some(PathBuf::from("/tmp/logs")));
+        assert_eq!(args.metrics_addr, Some("127.0.0.1:9400".parse().unwrap()));
+        assert!(Args::try_parse_from(["saferollout-sim", "--metrics-addr", "localhost"]).is_err());
 
         assert!(Args::try_parse_from(["saferollout-sim", "--flap-period", "0s"]).is_err());
         assert!(Args::try_parse_from(["saferollout-sim", "--slow-delay", "soon"]).is_err());

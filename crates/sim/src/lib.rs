@@ -2,11 +2,14 @@
 //! plugin, DRA driver) on KWOK-simulated nodes of a real kube-apiserver.
 //!
 //! KWOK simulates the kubelet for every pod except those labelled
-//! `sim.saferollout.dev/agent` (KWOK still completes the deletion of all
-//! pods). For those agent pods the sim is both their kubelet and the agent
-//! they run: it writes their status and, on their node, advertises devices
-//! the way a device plugin (through the kubelet device manager) or a DRA
-//! driver (through ResourceSlices) would, faulty or not as the image tag asks.
+//! `sim.saferollout.dev/agent` or `sim.saferollout.dev/workload` (KWOK still
+//! completes the deletion of all pods). For agent pods the sim is both their
+//! kubelet and the agent they run: it writes their status and, on their
+//! node, advertises devices the way a device plugin (through the kubelet
+//! device manager) or a DRA driver (through ResourceSlices) would, faulty or
+//! not as the image tag asks. For workload pods it is the kubelet of a node
+//! with those devices: it runs them, ends probe-style pods as the devices
+//! allow and reports device health (see [`model::workload`]).
 //!
 //! # Conventions
 //!
@@ -17,7 +20,16 @@
 //! - DRA driver name: pod annotation `sim.saferollout.dev/driver`, default
 //!   `gpu.sim.saferollout.dev`.
 //! - Physical device count: node label `sim.saferollout.dev/devices` (integer;
-//!   missing/invalid = 0).
+//!   missing/invalid = 0). Devices are `gpu-0` .. `gpu-<n-1>`.
+//! - Physically faulty devices: node label `sim.saferollout.dev/faulty-devices`
+//!   (`gpu-3_gpu-5` or `3_5`). A healthy agent reports them Unhealthy; a
+//!   healthy driver publishes them with the health taint
+//!   `gpu.sim.saferollout.dev/unhealthy=xid-79:NoSchedule`; a healthy plugin
+//!   leaves them out of allocatable.
+//! - Partitionable devices: driver pod annotation
+//!   `sim.saferollout.dev/partitions: "N"` (N >= 2): a counter set per GPU in
+//!   a counter slice, N partitions `gpu-<i>-part-<j>` per GPU (see
+//!   [`model::slice`]). Every DRA device has a `memory` capacity.
 //! - Fault = suffix of the image TAG of the pod's first container (tag = text
 //!   after the last ':' that comes after the last '/'; no tag = healthy):
 //!   - `-broken`: Running+Ready but advertises 0 devices / publishes no slices;
@@ -31,7 +43,18 @@
 //!   - `-slow`: Ready and advertising only after `--slow-delay` (default 20s),
 //!     counted from when the sim first started the pod;
 //!   - `-flap`: Ready; advertises the physical count and 0 in turn, switching
-//!     every `--flap-period` (default 4s).
+//!     every `--flap-period` (default 4s);
+//!   - `-fewer`: Ready; advertises / publishes half the devices (rounded down);
+//!   - `-taint`: Ready; a driver publishes every device with the health taint
+//!     (a plugin is healthy: plugins have no taints);
+//!   - `-cleartaints`: Ready; publishes the faulty devices without their taint
+//!     and reports them Healthy ("health laundering");
+//!   - `-unhealthy`: Ready; reports its devices Unhealthy (a plugin's are then
+//!     not allocatable: capacity = count, allocatable = 0);
+//!   - `-dropclaims`: Ready; a driver withdraws the devices allocated to
+//!     ResourceClaims from its slice and the pods using them fail (a plugin is
+//!     healthy);
+//!   - `-fatallog`: healthy in every respect but logs a fatal line.
 //!
 //!   Anything else is healthy (Ready, advertises the physical count).
 //!
@@ -50,8 +73,9 @@
 //!   and the resource disappears after `--endpoint-stop-grace`. Only nodes
 //!   where an agent pod runs or where the managed fields say the sim wrote the
 //!   resource are touched (the latter lets a restarted sim retire leftovers).
-//! - One `resource.k8s.io/v1` ResourceSlice per node and driver, named
-//!   `<node>-<driver with dots replaced by dashes>`, labelled
+//! - The ResourceSlices of one pool per node and driver (pool name = node
+//!   name): the first named `<node>-<driver with dots replaced by dashes>`,
+//!   more devices in `...-<k>`, counter sets in `...-counters-<k>`; labelled
 //!   `sim.saferollout.dev/node=<node>`, owned by the Node, and annotated
 //!   `sim.saferollout.dev/publisher-pod-uid` with the driver pod whose
 //!   publication set the pool generation (so a restarted sim neither resets
@@ -59,8 +83,18 @@
 //!   with no devices; `-broken`, `-crashloop`, not-yet-ready `-slow` drivers
 //!   and absent drivers have no slice (deleted after `--status-delay`).
 //!
+//! - Workload pod statuses (same write path as agents), with
+//!   `allocatedResourcesStatus`; see [`model::workload`].
+//! - With `--pod-logs-dir`: each agent and workload container's log in the CRI
+//!   format (`<dir>/<ns>_<pod>_<uid>/<container>.log`) and a KWOK `Logs`
+//!   object (`kwok.x-k8s.io/v1alpha1`, named and owned by the pod) pointing at
+//!   it, so `pods/log` works through the API server and KWOK's kubelet server.
+//! - With `--metrics-addr`: DCGM-style per-GPU metrics at `/metrics` (see
+//!   [`model::metrics`]).
+//!
 //! The pure decision logic lives in [`model`]; the API glue (watchers, caches,
-//! writes, the reconcile loop) lives in [`cluster`].
+//! writes, the reconcile loop, log files, the metrics endpoint) lives in
+//! [`cluster`].
 
 pub mod cli;
 pub mod cluster;
@@ -82,6 +116,13 @@ pub const DRIVER_ANNOTATION: &str = "sim.saferollout.dev/driver";
 pub const DEFAULT_DRIVER: &str = "gpu.sim.saferollout.dev";
 /// Node label holding the node's physical device count.
 pub const DEVICES_LABEL: &str = "sim.saferollout.dev/devices";
+/// Node label naming the node's physically faulty GPUs (`gpu-3_gpu-5`).
+pub const FAULTY_LABEL: &str = "sim.saferollout.dev/faulty-devices";
+/// Driver pod annotation: partitions per GPU (2 or more makes the devices
+/// partitionable, with shared counters).
+pub const PARTITIONS_ANNOTATION: &str = "sim.saferollout.dev/partitions";
+/// Label that marks workload pods the sim plays the kubelet for (any value).
+pub const WORKLOAD_LABEL: &str = "sim.saferollout.dev/workload";
 /// Label on every ResourceSlice the sim publishes: the node it describes.
 pub const SLICE_NODE_LABEL: &str = "sim.saferollout.dev/node";
 /// Annotation on published ResourceSlices: UID of the driver pod that

@@ -31,7 +31,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let client = cluster::connect(args.kubeconfig.as_deref()).await?;
-    cluster::run(client, args.timings(), shutdown_signal()).await
+    cluster::run(client, args.timings(), args.outputs(), shutdown_signal()).await
 }
 
 /// Completes on SIGINT or SIGTERM.

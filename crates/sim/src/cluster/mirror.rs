@@ -64,6 +64,11 @@ impl<V: PartialEq> Mirror<V> {
             .filter_map(|key| self.items.get(key).map(|e| &e.value))
     }
 
+    /// Every object's value.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.items.values().map(|e| &e.value)
+    }
+
     /// Every node some object concerns.
     pub fn nodes(&self) -> impl Iterator<Item = &String> {
         self.by_node.keys()

@@ -3,6 +3,7 @@
 //! changed (or whose timers fired) with the pure logic of [`crate::model`].
 
 pub mod mirror;
+pub mod outputs;
 pub mod reconciler;
 pub mod wakeups;
 pub mod writes;
@@ -13,7 +14,7 @@ use anyhow::Context as _;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-pub use reconciler::run;
+pub use reconciler::{Outputs, run};
 
 /// A client from `kubeconfig` if given, else from KUBECONFIG / the default
 /// kubeconfig / the in-cluster environment.

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use futures::{Stream, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::{Map, Value, json};
@@ -20,13 +20,24 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
 use super::mirror::{Entry, Mirror, parse_resource_version};
+use super::outputs::{GpuMetrics, LogOutcome, LogPublisher, LogState, serve_metrics};
 use super::wakeups::Wakeups;
 use super::writes::{self, Decision, WriteError, WriteKey, WriteOp, WriteTracker, Written};
 use crate::model::Timings;
-use crate::model::node::{NodeFacts, NodeMemory, NodePlan, NodeView, plan_node};
+use crate::model::node::{NodeFacts, NodeMemory, NodePlan, NodeView, plan_node, referenced_claims};
 use crate::model::pod_status::pod_status_patch;
 use crate::model::time::elapsed;
-use crate::{AGENT_LABEL, SLICE_NODE_LABEL};
+use crate::{AGENT_LABEL, SLICE_NODE_LABEL, WORKLOAD_LABEL};
+
+/// What the sim serves besides API objects.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    /// Where to write container logs for KWOK's kubelet server (and create
+    /// KWOK `Logs` objects pointing at them); `None`: no logs.
+    pub pod_logs_dir: Option<std::path::PathBuf>,
+    /// Where to serve per-GPU metrics; `None`: not served.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
 
 /// Writes in flight at once: enough to keep up with thousands of nodes,
 /// few enough not to swamp a test API server.
@@ -35,33 +46,60 @@ const MAX_CONCURRENT_WRITES: usize = 32;
 /// wall-clock boundary it waits for has certainly passed.
 const TIMER_SLACK: Duration = Duration::from_millis(20);
 const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// How soon a failed log publication is tried again.
+const LOG_RETRY: Duration = Duration::from_secs(5);
 
 /// Runs the sim until `shutdown` completes.
 pub async fn run(
     client: Client,
     timings: Timings,
+    outputs: Outputs,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let metrics = GpuMetrics::default();
+    if let Some(addr) = outputs.metrics_addr {
+        serve_metrics(addr, metrics.clone()).await?;
+    }
     let pod_events = watch::<Pod>(
         client.clone(),
         watcher::Config::default().labels(AGENT_LABEL),
     );
+    let workload_events = watch::<Pod>(
+        client.clone(),
+        watcher::Config::default().labels(WORKLOAD_LABEL),
+    );
+    let claim_events = watch::<ResourceClaim>(client.clone(), watcher::Config::default());
     let node_events = watch::<Node>(client.clone(), watcher::Config::default());
     let slice_events = watch::<ResourceSlice>(
         client.clone(),
         watcher::Config::default().labels(SLICE_NODE_LABEL),
     );
-    futures::pin_mut!(pod_events, node_events, slice_events, shutdown);
+    futures::pin_mut!(
+        pod_events,
+        workload_events,
+        claim_events,
+        node_events,
+        slice_events,
+        shutdown
+    );
 
     let (outcomes_tx, mut outcomes) = mpsc::unbounded_channel();
-    let mut sim = Reconciler::new(client, timings, outcomes_tx);
+    let (log_outcomes_tx, mut log_outcomes) = mpsc::unbounded_channel();
+    let logs = outputs
+        .pod_logs_dir
+        .clone()
+        .map(|dir| LogPublisher::new(dir, client.clone(), log_outcomes_tx));
+    let mut sim = Reconciler::new(client, timings, outcomes_tx, logs, metrics);
     let mut report = tokio::time::interval_at(Instant::now() + REPORT_EVERY, REPORT_EVERY);
     info!(
         status_delay = ?timings.status_delay,
         endpoint_stop_grace = ?timings.endpoint_stop_grace,
         slow_delay = ?timings.slow_delay,
         flap_period = ?timings.flap_period,
-        "watching agent pods (label {AGENT_LABEL}), nodes and ResourceSlices"
+        health_handover = ?timings.health_handover,
+        workload_run_time = ?timings.workload_run_time,
+        pod_logs_dir = ?outputs.pod_logs_dir,
+        "watching agent pods (label {AGENT_LABEL}), workload pods (label {WORKLOAD_LABEL}), nodes, ResourceSlices and ResourceClaims"
     );
     loop {
         let wake = sim.wakeups.next();
@@ -74,6 +112,15 @@ pub async fn run(
                 let event = event.context("the pod watch ended")?;
                 sim.on_pod_event(event);
             }
+            event = workload_events.next() => {
+                let event = event.context("the workload pod watch ended")?;
+                sim.on_workload_event(event);
+            }
+            event = claim_events.next() => {
+                let event = event.context("the ResourceClaim watch ended")?;
+                sim.on_claim_event(event);
+            }
+            Some(outcome) = log_outcomes.recv() => sim.on_log_outcome(outcome),
             event = node_events.next() => {
                 let event = event.context("the node watch ended")?;
                 sim.on_node_event(event);
@@ -129,6 +176,8 @@ struct Reconciler {
     client: Client,
     timings: Timings,
     pods: Mirror<Arc<Pod>>,
+    workloads: Mirror<Arc<Pod>>,
+    claims: Mirror<Arc<ResourceClaim>>,
     nodes: Mirror<NodeFacts>,
     slices: Mirror<Arc<ResourceSlice>>,
     memory: HashMap<String, NodeMemory>,
@@ -140,15 +189,26 @@ struct Reconciler {
     /// Whether pods and nodes had been listed at the last look.
     ready: bool,
     slices_known: bool,
+    claims_known: bool,
     counts: Counts,
+    logs: Option<LogPublisher>,
+    metrics: GpuMetrics,
 }
 
 impl Reconciler {
-    fn new(client: Client, timings: Timings, outcomes: mpsc::UnboundedSender<Outcome>) -> Self {
+    fn new(
+        client: Client,
+        timings: Timings,
+        outcomes: mpsc::UnboundedSender<Outcome>,
+        logs: Option<LogPublisher>,
+        metrics: GpuMetrics,
+    ) -> Self {
         Self {
             client,
             timings,
             pods: Mirror::default(),
+            workloads: Mirror::default(),
+            claims: Mirror::default(),
             nodes: Mirror::default(),
             slices: Mirror::default(),
             memory: HashMap::new(),
@@ -159,7 +219,44 @@ impl Reconciler {
             permits: Arc::new(Semaphore::new(MAX_CONCURRENT_WRITES)),
             ready: false,
             slices_known: false,
+            claims_known: false,
             counts: Counts::default(),
+            logs,
+            metrics,
+        }
+    }
+
+    fn on_workload_event(&mut self, event: Result<watcher::Event<Pod>, watcher::Error>) {
+        match event {
+            Ok(event) => self
+                .workloads
+                .apply(map_event(event, pod_entry), &mut self.dirty),
+            Err(error) => warn!(%error, "workload pod watch failed; retrying"),
+        }
+    }
+
+    fn on_claim_event(&mut self, event: Result<watcher::Event<ResourceClaim>, watcher::Error>) {
+        match event {
+            Ok(event) => self
+                .claims
+                .apply(map_event(event, claim_entry), &mut self.dirty),
+            Err(error) => {
+                warn!(%error, "ResourceClaim watch failed; retrying (DRA workloads wait until it works)")
+            }
+        }
+    }
+
+    fn on_log_outcome(&mut self, outcome: LogOutcome) {
+        let Some(logs) = self.logs.as_mut() else {
+            return;
+        };
+        if logs.complete(&outcome) {
+            // Tried again (and no longer waited for) at the next look.
+            self.wakeups
+                .schedule(&outcome.node, Instant::now() + LOG_RETRY);
+        } else {
+            // A workload's final status may be waiting for its log.
+            self.dirty.insert(outcome.node);
         }
     }
 
@@ -230,8 +327,17 @@ impl Reconciler {
         match written {
             Written::Pod(pod) => {
                 self.counts.pod_statuses += 1;
+                let workload = pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(WORKLOAD_LABEL));
                 if let Some(entry) = pod_entry(*pod) {
-                    self.pods.upsert(entry, &mut self.dirty);
+                    if workload {
+                        self.workloads.upsert(entry, &mut self.dirty);
+                    } else {
+                        self.pods.upsert(entry, &mut self.dirty);
+                    }
                 }
             }
             Written::Node(node) => {
@@ -263,8 +369,18 @@ impl Reconciler {
         if wrote + counts.failures == 0 {
             return;
         }
+        if let Some(logs) = self.logs.as_mut() {
+            let alive: HashSet<String> = self
+                .pods
+                .values()
+                .chain(self.workloads.values())
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            logs.retain(|uid| alive.contains(uid));
+        }
         info!(
             agent_pods = self.pods.len(),
+            workload_pods = self.workloads.len(),
             nodes = self.nodes.len(),
             slices = self.slices.len(),
             nodes_remembered = self.memory.len(),
@@ -290,6 +406,17 @@ impl Reconciler {
                 "pods and nodes listed; simulating"
             );
         }
+        if !self.claims_known && self.claims.is_synced() {
+            self.claims_known = true;
+            info!(claims = self.claims.len(), "ResourceClaims listed");
+            let waiting: Vec<String> = self
+                .pods
+                .nodes()
+                .chain(self.workloads.nodes())
+                .cloned()
+                .collect();
+            self.dirty.extend(waiting);
+        }
         if !self.slices_known && self.slices.is_synced() {
             self.slices_known = true;
             info!(
@@ -313,6 +440,19 @@ impl Reconciler {
     fn reconcile_node(&mut self, node: &str, now_ts: Timestamp, now: Instant) {
         let (plan, node_uid) = {
             let pods: Vec<&Pod> = self.pods.on_node(node).map(AsRef::as_ref).collect();
+            let workloads: Vec<&Pod> = self.workloads.on_node(node).map(AsRef::as_ref).collect();
+            let mut claims: Vec<&ResourceClaim> =
+                self.claims.on_node(node).map(AsRef::as_ref).collect();
+            for pod in &workloads {
+                let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+                for name in referenced_claims(pod) {
+                    if let Some(claim) = self.claims.get(&format!("{namespace}/{name}"))
+                        && !claims.iter().any(|c| std::ptr::eq(*c, claim.as_ref()))
+                    {
+                        claims.push(claim.as_ref());
+                    }
+                }
+            }
             let slices: Vec<&ResourceSlice> =
                 self.slices.on_node(node).map(AsRef::as_ref).collect();
             let facts = self.nodes.get(node);
@@ -321,8 +461,11 @@ impl Reconciler {
                 name: node,
                 node: facts,
                 pods: &pods,
+                workloads: &workloads,
+                claims: &claims,
                 slices: &slices,
                 slices_known: self.slices_known,
+                claims_known: self.claims_known,
             };
             let plan = plan_node(view, memory, now_ts, &self.timings);
             if memory.is_empty() {
@@ -334,6 +477,23 @@ impl Reconciler {
             self.wakeups
                 .schedule(node, now + elapsed(now_ts, at) + TIMER_SLACK);
         }
+        let mut plan = plan;
+        if let Some(logs) = self.logs.as_mut() {
+            let mut unpublished = HashSet::new();
+            for pod_logs in std::mem::take(&mut plan.logs) {
+                let uid = pod_logs.uid.clone();
+                if logs.publish(node, pod_logs) == LogState::Pending {
+                    unpublished.insert(uid);
+                }
+            }
+            // A pod that ends has its final log readable before anyone
+            // sees it ended, as with a real kubelet.
+            plan.pod_statuses.retain(|update| {
+                let ended = matches!(update.status.phase.as_deref(), Some("Succeeded" | "Failed"));
+                !(ended && unpublished.contains(&update.uid))
+            });
+        }
+        self.metrics.set(node, plan.gpus.take());
         for op in write_ops(node, node_uid.as_deref(), plan) {
             self.submit(node, op, now);
         }
@@ -448,6 +608,33 @@ fn pod_entry(mut pod: Pod) -> Option<Entry<Arc<Pod>>> {
     })
 }
 
+/// What the sim keeps of a ResourceClaim, indexed by the pool (for the
+/// sim's drivers: the node) of its first allocated device.
+fn claim_entry(mut claim: ResourceClaim) -> Option<Entry<Arc<ResourceClaim>>> {
+    let key = format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref()?,
+        claim.metadata.name.as_deref()?
+    );
+    let resource_version = parse_resource_version(claim.metadata.resource_version.as_deref());
+    claim.metadata.managed_fields = None;
+    claim.metadata.resource_version = None;
+    let node = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|r| r.first())
+        .map(|r| r.pool.clone());
+    Some(Entry {
+        key,
+        node,
+        resource_version,
+        value: Arc::new(claim),
+    })
+}
+
 fn strip_environment(spec: &mut PodSpec) {
     let containers = spec
         .containers
@@ -525,7 +712,7 @@ mod tests {
             ]),
             slice_applies: vec![],
             slice_deletes: vec!["s".into()],
-            next_change: None,
+            ..NodePlan::default()
         };
         let ops = write_ops("n1", Some("node-uid"), plan);
         assert_eq!(ops.len(), 3);

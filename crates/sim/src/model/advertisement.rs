@@ -13,35 +13,44 @@ use super::time::add;
 /// The simulated device manager's record of one resource's plugin endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    /// A plugin is registered and reports `devices`.
-    Registered { devices: u64 },
-    /// The plugin endpoint stopped at `since`, having last reported `devices`.
-    Stopped { since: Timestamp, devices: u64 },
+    /// A plugin is registered and reports `devices`, `unhealthy` of them
+    /// Unhealthy (not allocatable).
+    Registered { devices: u64, unhealthy: u64 },
+    /// The plugin endpoint stopped at `since`, having last reported
+    /// `devices`, `unhealthy` of them Unhealthy.
+    Stopped {
+        since: Timestamp,
+        devices: u64,
+        unhealthy: u64,
+    },
 }
 
 /// Advances the endpoint record to `now`.
 ///
-/// `plugin_devices` is what the running plugin reports (`None`: no plugin).
+/// `plugin_devices` is what the running plugin reports (`None`: no plugin):
+/// its devices and how many of them are unhealthy.
 /// `owned_capacity` is the capacity the sim finds on the node for a resource
 /// it wrote there earlier; it stands in for a lost record after a restart of
 /// the sim, so a stale advertisement still goes through the grace period and
 /// gets removed.
 pub fn next_endpoint(
     previous: Option<Endpoint>,
-    plugin_devices: Option<u64>,
+    plugin_devices: Option<(u64, u64)>,
     owned_capacity: Option<u64>,
     now: Timestamp,
 ) -> Option<Endpoint> {
     match (plugin_devices, previous) {
-        (Some(devices), _) => Some(Endpoint::Registered { devices }),
-        (None, Some(Endpoint::Registered { devices })) => Some(Endpoint::Stopped {
+        (Some((devices, unhealthy)), _) => Some(Endpoint::Registered { devices, unhealthy }),
+        (None, Some(Endpoint::Registered { devices, unhealthy })) => Some(Endpoint::Stopped {
             since: now,
             devices,
+            unhealthy,
         }),
         (None, Some(stopped @ Endpoint::Stopped { .. })) => Some(stopped),
         (None, None) => owned_capacity.map(|devices| Endpoint::Stopped {
             since: now,
             devices,
+            unhealthy: 0,
         }),
     }
 }
@@ -52,15 +61,6 @@ pub fn next_endpoint(
 pub struct ResourceEntries {
     pub capacity: Option<String>,
     pub allocatable: Option<String>,
-}
-
-impl ResourceEntries {
-    fn both(devices: u64) -> Self {
-        Self {
-            capacity: Some(devices.to_string()),
-            allocatable: Some(devices.to_string()),
-        }
-    }
 }
 
 /// What the node should show for the resource, and when that changes next.
@@ -76,12 +76,19 @@ pub struct AdvertisementPlan {
 /// The node entries an endpoint record calls for at `now`.
 pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> AdvertisementPlan {
     match *endpoint {
-        Endpoint::Registered { devices } => AdvertisementPlan {
-            entries: ResourceEntries::both(devices),
+        Endpoint::Registered { devices, unhealthy } => AdvertisementPlan {
+            entries: ResourceEntries {
+                capacity: Some(devices.to_string()),
+                allocatable: Some(devices.saturating_sub(unhealthy).to_string()),
+            },
             next_change: None,
             finished: false,
         },
-        Endpoint::Stopped { since, devices } => {
+        Endpoint::Stopped {
+            since,
+            devices,
+            unhealthy,
+        } => {
             let zeroed_at = add(since, timings.status_delay);
             let removed_at = add(since, timings.endpoint_stop_grace);
             if now >= removed_at {
@@ -97,7 +104,12 @@ pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> 
                     allocatable: Some("0".into()),
                 }
             } else {
-                ResourceEntries::both(devices)
+                // Until the node status catches up it shows what the plugin
+                // last reported, unhealthy devices not allocatable.
+                ResourceEntries {
+                    capacity: Some(devices.to_string()),
+                    allocatable: Some(devices.saturating_sub(unhealthy).to_string()),
+                }
             };
             let next_change = [zeroed_at, removed_at]
                 .into_iter()
@@ -136,25 +148,49 @@ mod tests {
 
     #[test]
     fn endpoint_record_follows_the_plugin() {
-        let registered = next_endpoint(None, Some(4), None, ts(0));
-        assert_eq!(registered, Some(Endpoint::Registered { devices: 4 }));
-        let changed = next_endpoint(registered, Some(0), None, ts(1));
-        assert_eq!(changed, Some(Endpoint::Registered { devices: 0 }));
+        let registered = next_endpoint(None, Some((4, 0)), None, ts(0));
+        assert_eq!(
+            registered,
+            Some(Endpoint::Registered {
+                devices: 4,
+                unhealthy: 0
+            })
+        );
+        let changed = next_endpoint(registered, Some((0, 0)), None, ts(1));
+        assert_eq!(
+            changed,
+            Some(Endpoint::Registered {
+                devices: 0,
+                unhealthy: 0
+            })
+        );
 
-        let stopped = next_endpoint(Some(Endpoint::Registered { devices: 4 }), None, None, ts(5));
+        let stopped = next_endpoint(
+            Some(Endpoint::Registered {
+                devices: 4,
+                unhealthy: 0,
+            }),
+            None,
+            None,
+            ts(5),
+        );
         assert_eq!(
             stopped,
             Some(Endpoint::Stopped {
                 since: ts(5),
-                devices: 4
+                devices: 4,
+                unhealthy: 0,
             })
         );
         // Staying stopped keeps the original stop time.
         assert_eq!(next_endpoint(stopped, None, Some(4), ts(9)), stopped);
         // A replacement plugin registers afresh.
         assert_eq!(
-            next_endpoint(stopped, Some(8), None, ts(9)),
-            Some(Endpoint::Registered { devices: 8 })
+            next_endpoint(stopped, Some((8, 0)), None, ts(9)),
+            Some(Endpoint::Registered {
+                devices: 8,
+                unhealthy: 0
+            })
         );
     }
 
@@ -169,7 +205,8 @@ mod tests {
             next_endpoint(None, None, Some(4), ts(7)),
             Some(Endpoint::Stopped {
                 since: ts(7),
-                devices: 4
+                devices: 4,
+                unhealthy: 0,
             })
         );
     }
@@ -177,7 +214,10 @@ mod tests {
     #[test]
     fn registered_plugin_sets_capacity_and_allocatable() {
         let plan = advertisement(
-            &Endpoint::Registered { devices: 8 },
+            &Endpoint::Registered {
+                devices: 8,
+                unhealthy: 0,
+            },
             ts(0),
             &Timings::default(),
         );
@@ -186,11 +226,25 @@ mod tests {
         assert!(!plan.finished);
 
         let broken = advertisement(
-            &Endpoint::Registered { devices: 0 },
+            &Endpoint::Registered {
+                devices: 0,
+                unhealthy: 0,
+            },
             ts(0),
             &Timings::default(),
         );
         assert_eq!(broken.entries, entries(Some("0"), Some("0")));
+
+        // Unhealthy devices count in capacity, not in allocatable.
+        let unhealthy = advertisement(
+            &Endpoint::Registered {
+                devices: 8,
+                unhealthy: 3,
+            },
+            ts(0),
+            &Timings::default(),
+        );
+        assert_eq!(unhealthy.entries, entries(Some("8"), Some("5")));
     }
 
     #[test]
@@ -199,6 +253,7 @@ mod tests {
         let stopped = Endpoint::Stopped {
             since: ts(100),
             devices: 4,
+            unhealthy: 0,
         };
 
         let before_status_update =
@@ -227,6 +282,7 @@ mod tests {
         let stopped = Endpoint::Stopped {
             since: ts(0),
             devices: 4,
+            unhealthy: 0,
         };
         let early = advertisement(&stopped, ts(1), &timings);
         assert_eq!(early.entries, entries(Some("4"), Some("4")));
@@ -240,5 +296,21 @@ mod tests {
         assert_eq!(parse_count(" 3 "), 3);
         assert_eq!(parse_count("1k"), 0);
         assert_eq!(parse_count(""), 0);
+    }
+
+    #[test]
+    fn stopping_plugin_with_unhealthy_devices_never_shows_them_allocatable() {
+        let stopped = next_endpoint(
+            Some(Endpoint::Registered {
+                devices: 8,
+                unhealthy: 8,
+            }),
+            None,
+            None,
+            ts(0),
+        )
+        .unwrap();
+        let plan = advertisement(&stopped, ts(0), &Timings::default());
+        assert_eq!(plan.entries, entries(Some("8"), Some("0")));
     }
 }

@@ -23,6 +23,12 @@ pub struct Timings {
     pub flap_period: Duration,
     /// How often a `-crashloop` container is "restarted".
     pub crash_restart_interval: Duration,
+    /// How long devices read Unknown in workload pods'
+    /// `allocatedResourcesStatus` after their agent stops serving (the
+    /// kubelet's DRA health cache times out after 30 s).
+    pub health_handover: Duration,
+    /// How long a run-to-completion workload pod runs before it ends.
+    pub workload_run_time: Duration,
 }
 
 impl Default for Timings {
@@ -33,6 +39,8 @@ impl Default for Timings {
             slow_delay: Duration::from_secs(20),
             flap_period: Duration::from_secs(4),
             crash_restart_interval: Duration::from_secs(5),
+            health_handover: Duration::from_secs(5),
+            workload_run_time: Duration::from_secs(1),
         }
     }
 }
@@ -64,6 +72,8 @@ pub enum Offer {
     Physical,
     /// Serving twice the physical devices (`-overcount`).
     Double,
+    /// Serving half the physical devices, rounded down (`-fewer`).
+    Half,
 }
 
 impl Offer {
@@ -75,6 +85,7 @@ impl Offer {
             Self::Broken | Self::Zero => Some(0),
             Self::Physical => Some(physical),
             Self::Double => Some(physical.saturating_mul(2)),
+            Self::Half => Some(physical / 2),
         }
     }
 
@@ -87,7 +98,14 @@ impl Offer {
             Self::Zero => Some(0),
             Self::Physical => Some(physical),
             Self::Double => Some(physical.saturating_mul(2)),
+            Self::Half => Some(physical / 2),
         }
+    }
+
+    /// Whether the agent serves at all (a plugin endpoint is registered or
+    /// the driver talks to the kubelet), whatever it advertises.
+    pub fn serving(self) -> bool {
+        self != Self::Nothing
     }
 }
 
@@ -116,7 +134,13 @@ pub fn agent_moment(
         next_change: None,
     };
     match fault {
-        Fault::Healthy => steady(true, Offer::Physical),
+        Fault::Healthy
+        | Fault::Taint
+        | Fault::ClearTaints
+        | Fault::Unhealthy
+        | Fault::DropClaims
+        | Fault::FatalLog => steady(true, Offer::Physical),
+        Fault::Fewer => steady(true, Offer::Half),
         Fault::Broken => steady(true, Offer::Broken),
         Fault::Overcount => steady(true, Offer::Double),
         Fault::Unready => steady(false, Offer::Physical),
@@ -194,6 +218,12 @@ mod tests {
             (Fault::Broken, true, Offer::Broken),
             (Fault::Overcount, true, Offer::Double),
             (Fault::Unready, false, Offer::Physical),
+            (Fault::Fewer, true, Offer::Half),
+            (Fault::Taint, true, Offer::Physical),
+            (Fault::ClearTaints, true, Offer::Physical),
+            (Fault::Unhealthy, true, Offer::Physical),
+            (Fault::DropClaims, true, Offer::Physical),
+            (Fault::FatalLog, true, Offer::Physical),
         ] {
             for at in [0, 1, 1000] {
                 let m = moment(fault, at);
@@ -298,5 +328,10 @@ mod tests {
         assert_eq!(Offer::Zero.driver_devices(4), Some(0));
         assert_eq!(Offer::Physical.driver_devices(4), Some(4));
         assert_eq!(Offer::Double.driver_devices(4), Some(8));
+        assert_eq!(Offer::Half.plugin_devices(5), Some(2));
+        assert_eq!(Offer::Half.driver_devices(5), Some(2));
+        assert_eq!(Offer::Half.driver_devices(1), Some(0));
+        assert!(!Offer::Nothing.serving());
+        assert!(Offer::Broken.serving());
     }
 }

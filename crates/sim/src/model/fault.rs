@@ -38,6 +38,22 @@ pub enum Fault {
     Slow,
     /// Ready; advertises the physical count and 0 in turn.
     Flap,
+    /// Ready; advertises / publishes half the physical devices (rounded down).
+    Fewer,
+    /// Ready; a DRA driver publishes every device with the health taint
+    /// (a device plugin, which has no taints, is healthy).
+    Taint,
+    /// Ready; publishes the node's faulty devices without their health taint
+    /// and reports them Healthy ("health laundering").
+    ClearTaints,
+    /// Ready; reports its devices Unhealthy to the kubelet (a device plugin's
+    /// unhealthy devices are not allocatable, as with the real device manager).
+    Unhealthy,
+    /// Ready; devices allocated to ResourceClaims are withdrawn from its
+    /// slice and the pods using them fail (a device plugin is healthy).
+    DropClaims,
+    /// Healthy in every respect but logs a fatal line.
+    FatalLog,
 }
 
 impl Fault {
@@ -46,13 +62,19 @@ impl Fault {
         let Some(tag) = image_tag(image) else {
             return Self::Healthy;
         };
-        const SUFFIXES: [(&str, Fault); 6] = [
+        const SUFFIXES: [(&str, Fault); 12] = [
             ("-broken", Fault::Broken),
             ("-overcount", Fault::Overcount),
             ("-crashloop", Fault::Crashloop),
             ("-unready", Fault::Unready),
             ("-slow", Fault::Slow),
             ("-flap", Fault::Flap),
+            ("-fewer", Fault::Fewer),
+            ("-taint", Fault::Taint),
+            ("-cleartaints", Fault::ClearTaints),
+            ("-unhealthy", Fault::Unhealthy),
+            ("-dropclaims", Fault::DropClaims),
+            ("-fatallog", Fault::FatalLog),
         ];
         SUFFIXES
             .iter()
@@ -109,6 +131,13 @@ mod tests {
             ("example/plugin:v1-unready", Fault::Unready),
             ("example/plugin:v1-slow", Fault::Slow),
             ("example/plugin:v1-flap", Fault::Flap),
+            ("example/plugin:v1-fewer", Fault::Fewer),
+            ("example/plugin:v1-taint", Fault::Taint),
+            ("example/plugin:v1-cleartaints", Fault::ClearTaints),
+            ("example/plugin:v1-unhealthy", Fault::Unhealthy),
+            ("example/plugin:v1-dropclaims", Fault::DropClaims),
+            ("example/plugin:v1-fatallog", Fault::FatalLog),
+            ("example/plugin:v1-taints", Fault::Healthy),
             ("example/plugin:broken", Fault::Healthy),
             ("example/plugin:v1-broken-not", Fault::Healthy),
             ("example/plugin:-flap", Fault::Flap),

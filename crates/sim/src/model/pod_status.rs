@@ -251,7 +251,7 @@ fn is_empty(value: &Value) -> bool {
 
 /// A condition of the kubelet's, keeping the existing transition time when
 /// the status has not changed.
-fn kubelet_condition(
+pub(super) fn kubelet_condition(
     existing: &[PodCondition],
     type_: &str,
     ok: bool,
@@ -414,7 +414,7 @@ fn completed_init_container_status(
     }
 }
 
-fn image_of(container: &Container) -> String {
+pub(super) fn image_of(container: &Container) -> String {
     container.image.clone().unwrap_or_default()
 }
 

@@ -1,12 +1,18 @@
-//! The ResourceSlice a simulated DRA driver publishes for its node: one slice
-//! per node and driver, whose pool generation moves on whenever a different
-//! driver pod (a new UID) takes over publishing.
+//! The ResourceSlices a simulated DRA driver publishes for its node: one pool
+//! per node and driver (pool name = node name), whose generation moves on
+//! whenever a different driver pod (a new UID) takes over publishing.
+//!
+//! A pool is one slice of devices (`<node>-<driver with dashes>`), more when
+//! the devices do not fit in one (`...-1`, `...-2`), and, for partitionable
+//! devices, slices of shared counters (`...-counters-0`, ...): the API allows
+//! devices and counter sets only in separate slices.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -18,8 +24,20 @@ use crate::{SLICE_NODE_LABEL, SLICE_PUBLISHER_ANNOTATION};
 
 /// Device model attribute of every simulated device.
 pub const DEVICE_MODEL: &str = "sim-gpu";
-/// Memory capacity of every simulated device.
-pub const DEVICE_MEMORY: &str = "80Gi";
+/// Memory capacity of every simulated GPU, in MiB (80Gi).
+pub const DEVICE_MEMORY_MIB: u64 = 80 * 1024;
+/// Key of the health taint a driver puts on faulty devices.
+pub const HEALTH_TAINT_KEY: &str = "gpu.sim.saferollout.dev/unhealthy";
+/// Value of the health taint (the simulated XID error).
+pub const HEALTH_TAINT_VALUE: &str = "xid-79";
+/// Effect of the health taint.
+pub const HEALTH_TAINT_EFFECT: &str = "NoSchedule";
+/// Most devices a slice may hold (the API's limit, 64 once any device has
+/// taints or consumes counters).
+const MAX_DEVICES: usize = 128;
+const MAX_DEVICES_WITH_ADVANCED_FEATURES: usize = 64;
+/// Most counter sets a slice may hold.
+const MAX_COUNTER_SETS: usize = 8;
 
 /// The sim's record of one driver's pool on one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,32 +59,196 @@ pub struct PublishedPool<'a> {
     pub publisher: Option<&'a str>,
 }
 
-/// The newest running driver pod for the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DriverPod<'a> {
-    pub uid: &'a str,
-    /// Devices it publishes now; `None` when it publishes no slice.
-    pub devices: Option<u64>,
+/// What a driver publishes in its pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolContent {
+    /// Whole GPUs, `gpu-0` .. `gpu-<devices - 1>`.
+    pub devices: u64,
+    /// Partitions per GPU; below 2 the devices are not partitionable. With
+    /// N >= 2 each GPU `gpu-i` has a counter set `gpu-i` holding its memory,
+    /// the whole device consumes all of it, and N partition devices
+    /// `gpu-i-part-j` consume 1/N each.
+    pub partitions: u32,
+    /// Multiplier of every capacity and counter (2 for `-overcount`).
+    pub scale: u64,
+    /// GPU indices whose devices carry the health taint.
+    pub tainted: BTreeSet<u64>,
+    /// Device names left out (`-dropclaims`: devices allocated to claims).
+    pub withheld: BTreeSet<String>,
 }
 
-/// What should happen to the slice.
+impl PoolContent {
+    /// `devices` plain GPUs, nothing else.
+    pub fn plain(devices: u64) -> Self {
+        Self {
+            devices,
+            scale: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Names of the devices published, in order.
+    pub fn device_names(&self) -> Vec<String> {
+        self.all_devices()
+            .into_iter()
+            .map(|d| d.name)
+            .filter(|name| !self.withheld.contains(name))
+            .collect()
+    }
+
+    fn partitioned(&self) -> bool {
+        self.partitions >= 2
+    }
+
+    /// Every device before withholding.
+    fn all_devices(&self) -> Vec<Device> {
+        let memory_mib = DEVICE_MEMORY_MIB.saturating_mul(self.scale.max(1));
+        let mut devices = Vec::new();
+        for index in 0..self.devices {
+            let taints = self.tainted.contains(&index).then(|| {
+                vec![DeviceTaint {
+                    key: HEALTH_TAINT_KEY.to_owned(),
+                    value: Some(HEALTH_TAINT_VALUE.to_owned()),
+                    effect: HEALTH_TAINT_EFFECT.to_owned(),
+                    time_added: None,
+                }]
+            });
+            let counter_set = format!("gpu-{index}");
+            let consumes = |mib: u64| {
+                Some(vec![DeviceCounterConsumption {
+                    counter_set: counter_set.clone(),
+                    counters: BTreeMap::from([("memory".to_owned(), counter(mib))]),
+                    ..DeviceCounterConsumption::default()
+                }])
+            };
+            devices.push(Device {
+                name: format!("gpu-{index}"),
+                attributes: Some(attributes(index, None)),
+                capacity: Some(memory_capacity(memory_mib)),
+                consumes_counters: if self.partitioned() {
+                    consumes(memory_mib)
+                } else {
+                    None
+                },
+                taints: taints.clone(),
+                ..Device::default()
+            });
+            if self.partitioned() {
+                let part_mib = memory_mib / u64::from(self.partitions);
+                for part in 0..self.partitions {
+                    devices.push(Device {
+                        name: format!("gpu-{index}-part-{part}"),
+                        attributes: Some(attributes(index, Some(part))),
+                        capacity: Some(memory_capacity(part_mib)),
+                        consumes_counters: consumes(part_mib),
+                        taints: taints.clone(),
+                        ..Device::default()
+                    });
+                }
+            }
+        }
+        devices
+    }
+
+    fn counter_sets(&self) -> Vec<CounterSet> {
+        if !self.partitioned() {
+            return Vec::new();
+        }
+        let memory_mib = DEVICE_MEMORY_MIB.saturating_mul(self.scale.max(1));
+        (0..self.devices)
+            .map(|index| CounterSet {
+                name: format!("gpu-{index}"),
+                counters: BTreeMap::from([("memory".to_owned(), counter(memory_mib))]),
+            })
+            .collect()
+    }
+}
+
+fn counter(mib: u64) -> Counter {
+    Counter {
+        value: Quantity(mib_quantity(mib)),
+    }
+}
+
+fn memory_capacity(mib: u64) -> BTreeMap<String, DeviceCapacity> {
+    BTreeMap::from([(
+        "memory".to_owned(),
+        DeviceCapacity {
+            value: Quantity(mib_quantity(mib)),
+            ..DeviceCapacity::default()
+        },
+    )])
+}
+
+/// A MiB amount in the API server's canonical form (the largest binary
+/// suffix that keeps it whole: `80Gi`, `27306Mi`), so that what the sim
+/// writes is what it reads back and never looks changed.
+fn mib_quantity(mib: u64) -> String {
+    match mib {
+        0 => "0".to_owned(),
+        _ if mib.is_multiple_of(1024 * 1024) => format!("{}Ti", mib / (1024 * 1024)),
+        _ if mib.is_multiple_of(1024) => format!("{}Gi", mib / 1024),
+        _ => format!("{mib}Mi"),
+    }
+}
+
+fn attributes(index: u64, partition: Option<u32>) -> BTreeMap<String, DeviceAttribute> {
+    let int = |value: i64| DeviceAttribute {
+        int: Some(value),
+        ..DeviceAttribute::default()
+    };
+    let mut attributes = BTreeMap::from([
+        (
+            "index".to_owned(),
+            int(i64::try_from(index).unwrap_or(i64::MAX)),
+        ),
+        (
+            "model".to_owned(),
+            DeviceAttribute {
+                string: Some(DEVICE_MODEL.to_owned()),
+                ..DeviceAttribute::default()
+            },
+        ),
+    ]);
+    if let Some(part) = partition {
+        attributes.insert("partition".to_owned(), int(i64::from(part)));
+    }
+    attributes
+}
+
+/// The GPU index a device name stands for: `gpu-3` and `gpu-3-part-1` are 3.
+pub fn gpu_index(device: &str) -> Option<u64> {
+    let rest = device.strip_prefix("gpu-")?;
+    let digits = rest.split('-').next()?;
+    digits.parse().ok()
+}
+
+/// The newest running driver pod for the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverPod<'a> {
+    pub uid: &'a str,
+    /// What it publishes now; `None` when it publishes no slice.
+    pub content: Option<PoolContent>,
+}
+
+/// What should happen to the pool's slices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SliceTarget {
     /// Publish these contents.
     Publish {
-        devices: u64,
+        content: PoolContent,
         generation: i64,
         publisher: String,
     },
-    /// Leave the slice as it is: its driver just stopped and the kubelet has
-    /// not noticed yet.
+    /// Leave the slices as they are: their driver just stopped and the
+    /// kubelet has not noticed yet.
     Keep,
-    /// No slice.
+    /// No slices.
     Absent,
 }
 
-/// Advances the pool record to `now` and says what to do with the slice and
-/// when to look again.
+/// Advances the pool record to `now` and says what to do with the slices
+/// and when to look again.
 pub fn plan_pool(
     previous: Option<DriverPool>,
     published: Option<PublishedPool<'_>>,
@@ -79,15 +261,15 @@ pub fn plan_pool(
         publisher: published.and_then(|p| p.publisher.map(str::to_owned)),
         stopped_since: None,
     });
-    match driver.and_then(|d| d.devices.map(|devices| (d.uid, devices))) {
-        Some((uid, devices)) => {
+    match driver.and_then(|d| d.content.map(|content| (d.uid, content))) {
+        Some((uid, content)) => {
             if pool.publisher.as_deref() != Some(uid) {
                 pool.generation += 1;
                 pool.publisher = Some(uid.to_owned());
             }
             pool.stopped_since = None;
             let target = SliceTarget::Publish {
-                devices,
+                content,
                 generation: pool.generation,
                 publisher: uid.to_owned(),
             };
@@ -105,9 +287,26 @@ pub fn plan_pool(
     }
 }
 
-/// `<node>-<driver with dots replaced by dashes>`.
+/// `<node>-<driver with dots replaced by dashes>`: the pool's first slice;
+/// the others carry suffixes.
 pub fn slice_name(node: &str, driver: &str) -> String {
     format!("{node}-{}", driver.replace('.', "-"))
+}
+
+/// Whether `name` is one of the pool's slice names.
+pub fn is_pool_slice_name(name: &str, node: &str, driver: &str) -> bool {
+    let base = slice_name(node, driver);
+    let Some(rest) = name.strip_prefix(base.as_str()) else {
+        return false;
+    };
+    let numbered = |rest: &str| {
+        rest.strip_prefix('-')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    match rest.strip_prefix("-counters") {
+        Some(counters) => numbered(counters),
+        None => rest.is_empty() || numbered(rest),
+    }
 }
 
 /// Identifies the node a slice belongs to, for its owner reference.
@@ -117,48 +316,84 @@ pub struct NodeRef<'a> {
     pub uid: &'a str,
 }
 
-/// The full slice for a pool: `devices` devices `gpu-0..`, each with an
-/// `index`, a `model` and 80Gi of `memory`; owned by the node so it goes
-/// when the node does.
-pub fn desired_slice(
+/// The pool's slices: devices (at least one slice, maybe empty) then
+/// counter sets; all owned by the node so they go when the node does.
+pub fn desired_slices(
     node: NodeRef<'_>,
     driver: &str,
-    devices: u64,
+    content: &PoolContent,
     generation: i64,
     publisher: &str,
-) -> ResourceSlice {
-    let devices = (0..devices)
-        .map(|index| Device {
-            name: format!("gpu-{index}"),
-            attributes: Some(BTreeMap::from([
-                (
-                    "index".to_owned(),
-                    DeviceAttribute {
-                        int: Some(i64::try_from(index).unwrap_or(i64::MAX)),
-                        ..DeviceAttribute::default()
-                    },
-                ),
-                (
-                    "model".to_owned(),
-                    DeviceAttribute {
-                        string: Some(DEVICE_MODEL.to_owned()),
-                        ..DeviceAttribute::default()
-                    },
-                ),
-            ])),
-            capacity: Some(BTreeMap::from([(
-                "memory".to_owned(),
-                DeviceCapacity {
-                    value: Quantity(DEVICE_MEMORY.to_owned()),
-                    ..DeviceCapacity::default()
-                },
-            )])),
-            ..Device::default()
-        })
+) -> Vec<ResourceSlice> {
+    let devices: Vec<Device> = content
+        .all_devices()
+        .into_iter()
+        .filter(|d| !content.withheld.contains(&d.name))
         .collect();
+    let advanced = content.partitioned() || !content.tainted.is_empty();
+    let per_slice = if advanced {
+        MAX_DEVICES_WITH_ADVANCED_FEATURES
+    } else {
+        MAX_DEVICES
+    };
+    let mut device_chunks: Vec<Vec<Device>> =
+        devices.chunks(per_slice).map(<[Device]>::to_vec).collect();
+    if device_chunks.is_empty() {
+        device_chunks.push(Vec::new());
+    }
+    let counter_sets = content.counter_sets();
+    let counter_chunks: Vec<Vec<CounterSet>> = counter_sets
+        .chunks(MAX_COUNTER_SETS)
+        .map(<[CounterSet]>::to_vec)
+        .collect();
+    let count = i64::try_from(device_chunks.len() + counter_chunks.len()).unwrap_or(i64::MAX);
+    let base = slice_name(node.name, driver);
+    let pool = ResourcePool {
+        name: node.name.to_owned(),
+        generation,
+        resource_slice_count: count,
+    };
+    let mut slices = Vec::new();
+    for (k, chunk) in device_chunks.into_iter().enumerate() {
+        let name = if k == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{k}")
+        };
+        let spec = ResourceSliceSpec {
+            devices: Some(chunk),
+            ..pool_spec(node, driver, &pool)
+        };
+        slices.push(slice(name, node, publisher, spec));
+    }
+    for (k, chunk) in counter_chunks.into_iter().enumerate() {
+        let spec = ResourceSliceSpec {
+            shared_counters: Some(chunk),
+            ..pool_spec(node, driver, &pool)
+        };
+        slices.push(slice(format!("{base}-counters-{k}"), node, publisher, spec));
+    }
+    slices
+}
+
+fn pool_spec(node: NodeRef<'_>, driver: &str, pool: &ResourcePool) -> ResourceSliceSpec {
+    ResourceSliceSpec {
+        driver: driver.to_owned(),
+        node_name: Some(node.name.to_owned()),
+        pool: pool.clone(),
+        ..ResourceSliceSpec::default()
+    }
+}
+
+fn slice(
+    name: String,
+    node: NodeRef<'_>,
+    publisher: &str,
+    spec: ResourceSliceSpec,
+) -> ResourceSlice {
     ResourceSlice {
         metadata: ObjectMeta {
-            name: Some(slice_name(node.name, driver)),
+            name: Some(name),
             labels: Some(BTreeMap::from([(
                 SLICE_NODE_LABEL.to_owned(),
                 node.name.to_owned(),
@@ -176,18 +411,26 @@ pub fn desired_slice(
             }]),
             ..ObjectMeta::default()
         },
-        spec: ResourceSliceSpec {
-            driver: driver.to_owned(),
-            node_name: Some(node.name.to_owned()),
-            pool: ResourcePool {
-                name: node.name.to_owned(),
-                generation,
-                resource_slice_count: 1,
-            },
-            devices: Some(devices),
-            ..ResourceSliceSpec::default()
-        },
+        spec,
     }
+}
+
+/// The one slice of a plain pool of `devices` GPUs.
+pub fn desired_slice(
+    node: NodeRef<'_>,
+    driver: &str,
+    devices: u64,
+    generation: i64,
+    publisher: &str,
+) -> ResourceSlice {
+    desired_slices(
+        node,
+        driver,
+        &PoolContent::plain(devices),
+        generation,
+        publisher,
+    )
+    .remove(0)
 }
 
 /// Whether `current` lacks anything `desired` says: labels, annotations,
@@ -246,14 +489,17 @@ mod tests {
 
     fn publish(devices: u64, generation: i64, publisher: &str) -> SliceTarget {
         SliceTarget::Publish {
-            devices,
+            content: PoolContent::plain(devices),
             generation,
             publisher: publisher.into(),
         }
     }
 
     fn pod(uid: &str, devices: Option<u64>) -> Option<DriverPod<'_>> {
-        Some(DriverPod { uid, devices })
+        Some(DriverPod {
+            uid,
+            content: devices.map(PoolContent::plain),
+        })
     }
 
     #[test]
@@ -432,5 +678,157 @@ mod tests {
             &json!([{"a": 1, "x": 0}]),
             &json!([{"a": 1}])
         ));
+    }
+
+    #[test]
+    fn quantities_are_canonical() {
+        assert_eq!(mib_quantity(81920), "80Gi");
+        assert_eq!(mib_quantity(27306), "27306Mi");
+        assert_eq!(mib_quantity(1024 * 1024), "1Ti");
+        assert_eq!(mib_quantity(0), "0");
+    }
+
+    #[test]
+    fn gpu_indices_and_pool_slice_names() {
+        assert_eq!(gpu_index("gpu-3"), Some(3));
+        assert_eq!(gpu_index("gpu-12-part-1"), Some(12));
+        assert_eq!(gpu_index("nic-1"), None);
+        assert_eq!(gpu_index("gpu-x"), None);
+        for name in ["n-d-x", "n-d-x-1", "n-d-x-counters-0", "n-d-x-counters-12"] {
+            assert!(is_pool_slice_name(name, "n", "d.x"), "{name}");
+        }
+        for name in [
+            "n-d-x-",
+            "n-d-x-a",
+            "n-d-xy",
+            "m-d-x",
+            "n-d-x-counters",
+            "n-d-x-counters-",
+        ] {
+            assert!(!is_pool_slice_name(name, "n", "d.x"), "{name}");
+        }
+    }
+
+    fn node() -> NodeRef<'static> {
+        NodeRef {
+            name: "n",
+            uid: "u",
+        }
+    }
+
+    #[test]
+    fn partitionable_pool_has_a_counter_slice_and_partition_devices() {
+        let content = PoolContent {
+            devices: 2,
+            partitions: 2,
+            scale: 1,
+            ..PoolContent::default()
+        };
+        let slices = desired_slices(node(), "d.x", &content, 4, "p");
+        assert_eq!(slices.len(), 2);
+        for slice in &slices {
+            assert_eq!(slice.spec.pool.resource_slice_count, 2);
+            assert_eq!(slice.spec.pool.generation, 4);
+            assert_eq!(slice.spec.node_name.as_deref(), Some("n"));
+        }
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert!(slices[0].spec.shared_counters.is_none());
+        assert_eq!(
+            devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+            [
+                "gpu-0",
+                "gpu-0-part-0",
+                "gpu-0-part-1",
+                "gpu-1",
+                "gpu-1-part-0",
+                "gpu-1-part-1"
+            ]
+        );
+        let part = &devices[2];
+        assert_eq!(part.capacity.as_ref().unwrap()["memory"].value.0, "40Gi");
+        assert_eq!(part.attributes.as_ref().unwrap()["partition"].int, Some(1));
+        let consumed = &part.consumes_counters.as_ref().unwrap()[0];
+        assert_eq!(consumed.counter_set, "gpu-0");
+        assert_eq!(consumed.counters["memory"].value.0, "40Gi");
+        let whole = &devices[0].consumes_counters.as_ref().unwrap()[0];
+        assert_eq!(whole.counters["memory"].value.0, "80Gi");
+
+        assert_eq!(slices[1].metadata.name.as_deref(), Some("n-d-x-counters-0"));
+        assert!(slices[1].spec.devices.is_none());
+        let sets = slices[1].spec.shared_counters.as_ref().unwrap();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[1].name, "gpu-1");
+        assert_eq!(sets[1].counters["memory"].value.0, "80Gi");
+        assert_eq!(content.device_names().len(), 6);
+    }
+
+    #[test]
+    fn overcount_scales_capacity_and_counters_and_pools_split_at_the_limits() {
+        let content = PoolContent {
+            devices: 24,
+            partitions: 2,
+            scale: 2,
+            ..PoolContent::default()
+        };
+        let slices = desired_slices(node(), "d", &content, 1, "p");
+        // 72 devices (64 per slice with counters) and 24 counter sets (8 per slice).
+        let names: Vec<_> = slices
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "n-d",
+                "n-d-1",
+                "n-d-counters-0",
+                "n-d-counters-1",
+                "n-d-counters-2"
+            ]
+        );
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 5));
+        assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 64);
+        assert_eq!(slices[1].spec.devices.as_ref().unwrap().len(), 8);
+        let gpu0 = &slices[0].spec.devices.as_ref().unwrap()[0];
+        assert_eq!(gpu0.capacity.as_ref().unwrap()["memory"].value.0, "160Gi");
+        assert_eq!(
+            slices[2].spec.shared_counters.as_ref().unwrap()[0].counters["memory"]
+                .value
+                .0,
+            "160Gi"
+        );
+    }
+
+    #[test]
+    fn taints_and_withheld_devices() {
+        let content = PoolContent {
+            devices: 3,
+            partitions: 0,
+            scale: 1,
+            tainted: BTreeSet::from([1]),
+            withheld: BTreeSet::from(["gpu-2".to_owned()]),
+        };
+        let slices = desired_slices(node(), "d", &content, 1, "p");
+        assert_eq!(slices.len(), 1);
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert_eq!(
+            devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+            ["gpu-0", "gpu-1"]
+        );
+        assert!(devices[0].taints.is_none());
+        let taint = &devices[1].taints.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                taint.key.as_str(),
+                taint.value.as_deref(),
+                taint.effect.as_str()
+            ),
+            (HEALTH_TAINT_KEY, Some("xid-79"), "NoSchedule")
+        );
+        assert_eq!(content.device_names(), ["gpu-0", "gpu-1"]);
+        // Nothing to publish still makes one (empty) slice.
+        let empty = desired_slices(node(), "d", &PoolContent::plain(0), 1, "p");
+        assert_eq!(empty.len(), 1);
+        assert_eq!(empty[0].spec.devices.as_deref(), Some(&[][..]));
     }
 }

@@ -55,6 +55,7 @@ fn node_facts(devices: u64) -> NodeFacts {
         uid: "node-uid".into(),
         internal_ip: Some("192.168.0.10".into()),
         physical_devices: devices,
+        faulty: BTreeSet::new(),
         capacity: BTreeMap::from([("cpu".into(), "1k".into())]),
         allocatable: BTreeMap::from([("cpu".into(), "1k".into())]),
         sim_owned: BTreeSet::new(),
@@ -65,6 +66,8 @@ fn node_facts(devices: u64) -> NodeFacts {
 struct World {
     node: Option<NodeFacts>,
     pods: Vec<Pod>,
+    workloads: Vec<Pod>,
+    claims: Vec<ResourceClaim>,
     slices: Vec<ResourceSlice>,
     memory: NodeMemory,
     timings: Timings,
@@ -76,9 +79,17 @@ impl World {
         Self {
             node: Some(node_facts(devices)),
             pods,
+            workloads: Vec::new(),
+            claims: Vec::new(),
             slices: Vec::new(),
             memory: NodeMemory::default(),
-            timings: Timings::default(),
+            // No health handover: its wakeups would mix into the timing
+            // assertions of the advertisement scenarios (tests of the
+            // handover set it).
+            timings: Timings {
+                health_handover: Duration::ZERO,
+                ..Timings::default()
+            },
             slices_known: true,
         }
     }
@@ -89,13 +100,18 @@ impl World {
 
     fn plan_at(&mut self, now: Timestamp) -> NodePlan {
         let pods: Vec<&Pod> = self.pods.iter().collect();
+        let workloads: Vec<&Pod> = self.workloads.iter().collect();
+        let claims: Vec<&ResourceClaim> = self.claims.iter().collect();
         let slices: Vec<&ResourceSlice> = self.slices.iter().collect();
         let view = NodeView {
             name: NODE,
             node: self.node.as_ref(),
             pods: &pods,
+            workloads: &workloads,
+            claims: &claims,
             slices: &slices,
             slices_known: self.slices_known,
+            claims_known: true,
         };
         plan_node(view, &mut self.memory, now, &self.timings)
     }
@@ -115,6 +131,7 @@ impl World {
             let pod = self
                 .pods
                 .iter_mut()
+                .chain(self.workloads.iter_mut())
                 .find(|p| p.metadata.uid.as_deref() == Some(&update.uid))
                 .unwrap();
             // Round-trip through JSON: what the API server would store.
@@ -454,10 +471,13 @@ fn pods_on_a_missing_node_get_statuses_only() {
         vec![plugin("p1", "plugin:v1", 0), driver("d1", "driver:v1", 0)],
     );
     world.node = None;
-    world
-        .memory
-        .endpoints
-        .insert(GPU.into(), Endpoint::Registered { devices: 4 });
+    world.memory.endpoints.insert(
+        GPU.into(),
+        Endpoint::Registered {
+            devices: 4,
+            unhealthy: 0,
+        },
+    );
     let plan = world.plan(0);
     assert_eq!(plan.pod_statuses.len(), 2);
     assert!(
@@ -575,7 +595,7 @@ fn driver_annotation_picks_the_driver_and_sim_restart_keeps_generation() {
 #[test]
 fn stray_labelled_slices_are_left_alone() {
     let mut world = World::new(2, vec![]);
-    let mut stray = desired_slice(
+    let mut stray = crate::model::slice::desired_slice(
         NodeRef {
             name: NODE,
             uid: "node-uid",
@@ -682,4 +702,436 @@ fn dra_waits_until_slices_are_known() {
     assert_eq!(plan.node_entries.len(), 1);
     assert!(plan.slice_applies.is_empty());
     assert!(world.memory.pools.is_empty());
+}
+
+// --- workload pods, device health, taints, dropped claims, metrics -------
+
+fn workload(name: &str, restart: &str, gpus: Option<u64>, claim: Option<&str>) -> Pod {
+    let mut pod = agent_pod(name, "unused", "cuda:1", 10);
+    pod.metadata.labels = Some(BTreeMap::from([(
+        crate::WORKLOAD_LABEL.into(),
+        "probe".into(),
+    )]));
+    let spec = pod.spec.as_mut().unwrap();
+    spec.restart_policy = Some(restart.into());
+    let container = &mut spec.containers[0];
+    container.name = "work".into();
+    let mut resources = k8s_openapi::api::core::v1::ResourceRequirements::default();
+    if let Some(gpus) = gpus {
+        resources.limits = Some(BTreeMap::from([(GPU.into(), Quantity(gpus.to_string()))]));
+    }
+    if let Some(claim) = claim {
+        resources.claims = Some(vec![k8s_openapi::api::core::v1::ResourceClaim {
+            name: "gpu".into(),
+            ..Default::default()
+        }]);
+        spec.resource_claims = Some(vec![k8s_openapi::api::core::v1::PodResourceClaim {
+            name: "gpu".into(),
+            resource_claim_name: Some(claim.into()),
+            ..Default::default()
+        }]);
+    }
+    container.resources = Some(resources);
+    pod
+}
+
+fn allocated_claim(name: &str, device: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "agents"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "c"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DEFAULT_DRIVER, "pool": NODE, "device": device}
+        ]}}}
+    }))
+    .unwrap()
+}
+
+impl World {
+    fn workload_status(&self, name: &str) -> &PodStatus {
+        self.workloads
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .and_then(|p| p.status.as_ref())
+            .unwrap_or_else(|| panic!("no status for {name}"))
+    }
+
+    fn health(&self, name: &str) -> Vec<(String, String, String)> {
+        self.workload_status(name)
+            .container_statuses
+            .iter()
+            .flatten()
+            .flat_map(|c| c.allocated_resources_status.iter().flatten())
+            .flat_map(|r| {
+                r.resources.iter().flatten().map(|h| {
+                    (
+                        r.name.clone(),
+                        h.resource_id.clone(),
+                        h.health.clone().unwrap_or_default(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn phase(&self, name: &str) -> &str {
+        self.workload_status(name).phase.as_deref().unwrap_or("")
+    }
+
+    fn gpu_healthy(&mut self, at: i64) -> Vec<bool> {
+        let plan = self.plan(at);
+        plan.gpus.unwrap().iter().map(|g| g.healthy).collect()
+    }
+}
+
+fn health_of(entries: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    entries
+        .iter()
+        .map(|(a, b, c)| ((*a).into(), (*b).into(), (*c).into()))
+        .collect()
+}
+
+#[test]
+fn probe_runs_then_succeeds_and_long_runner_reports_health() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.workloads = vec![
+        workload("probe", "Never", Some(1), None),
+        workload("trainer", "Always", Some(2), None),
+    ];
+    world.step(20);
+    assert_eq!(world.phase("probe"), "Running");
+    // Devices are handed out lowest first and not shared.
+    assert_eq!(
+        world.health("probe"),
+        health_of(&[(GPU, "gpu-0", "Healthy")])
+    );
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[(GPU, "gpu-1", "Healthy"), (GPU, "gpu-2", "Healthy")])
+    );
+    let plan = world.step(21);
+    assert_eq!(world.phase("probe"), "Succeeded");
+    assert_eq!(world.phase("trainer"), "Running");
+    let logs = plan.logs.iter().find(|l| l.name == "probe").unwrap();
+    assert!(logs.containers["work"].contains("Test PASSED"), "{logs:?}");
+    // Ended pods are never written again.
+    assert!(
+        world
+            .plan(100)
+            .pod_statuses
+            .iter()
+            .all(|u| u.name != "probe")
+    );
+
+    // An -unhealthy release: Unhealthy; allocatable 0, capacity kept.
+    world.pods = vec![plugin("p2", "plugin:v2-unhealthy", 30)];
+    world.step(30);
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[(GPU, "gpu-1", "Unhealthy"), (GPU, "gpu-2", "Unhealthy")])
+    );
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+    // The agent goes: Unknown for the handover window, then Unhealthy.
+    world.timings.health_handover = Duration::from_secs(5);
+    world.pods.clear();
+    world.step(40);
+    assert!(
+        world
+            .health("trainer")
+            .iter()
+            .all(|(_, _, h)| h == "Unknown")
+    );
+    world.step(45);
+    assert!(
+        world
+            .health("trainer")
+            .iter()
+            .all(|(_, _, h)| h == "Unhealthy")
+    );
+    assert_eq!(world.phase("trainer"), "Running");
+}
+
+#[test]
+fn a_restarted_sim_keeps_device_assignments_from_the_statuses() {
+    let mut world = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    world.workloads = vec![workload("trainer", "Always", Some(1), None)];
+    world.step(5);
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[(GPU, "gpu-0", "Healthy")])
+    );
+    // The sim restarts (memory gone, statuses remain) and meets a pod it
+    // has not started, older than "trainer", so handed devices first: it
+    // must not get the gpu-0 that "trainer"'s status says it holds.
+    world.memory = NodeMemory::default();
+    let mut older = workload("older", "Always", Some(1), None);
+    older.metadata.creation_timestamp = Some(Time(ts(1)));
+    world.workloads.push(older);
+    world.step(7);
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[(GPU, "gpu-0", "Healthy")])
+    );
+    assert_eq!(
+        world.health("older"),
+        health_of(&[(GPU, "gpu-1", "Healthy")])
+    );
+}
+
+#[test]
+fn probe_on_faulty_hardware_fails_even_under_a_laundering_plugin() {
+    let mut world = World::new(2, vec![plugin("p1", "plugin:v1-cleartaints", 0)]);
+    world.node.as_mut().unwrap().faulty = BTreeSet::from([0, 1]);
+    world.workloads = vec![workload("probe", "OnFailure", Some(1), None)];
+    world.step(10);
+    assert_eq!(world.entries(GPU), (Some("2"), Some("2")));
+    assert_eq!(
+        world.health("probe"),
+        health_of(&[(GPU, "gpu-0", "Healthy")])
+    );
+    world.step(12);
+    assert_eq!(world.phase("probe"), "Failed");
+    let terminated = world
+        .workload_status("probe")
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+        .state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .clone()
+        .unwrap();
+    assert_eq!(terminated.exit_code, 1);
+    assert!(terminated.message.unwrap().contains("hardware fault"));
+
+    // A healthy plugin counts the faulty GPUs out and reports them Unhealthy.
+    let mut honest = World::new(4, vec![plugin("p1", "plugin:v1", 0)]);
+    honest.node.as_mut().unwrap().faulty = BTreeSet::from([0]);
+    honest.workloads = vec![workload("probe", "Never", Some(1), None)];
+    honest.step(10);
+    assert_eq!(honest.entries(GPU), (Some("4"), Some("3")));
+    // ... and never hands them out.
+    assert_eq!(
+        honest.health("probe"),
+        health_of(&[(GPU, "gpu-1", "Healthy")])
+    );
+}
+
+#[test]
+fn drivers_taint_faulty_devices_unless_they_launder_them() {
+    let mut world = World::new(4, vec![driver("d1", "driver:v1", 0)]);
+    world.node.as_mut().unwrap().faulty = BTreeSet::from([2]);
+    world.step(0);
+    let tainted = |world: &World| -> Vec<String> {
+        world.slices[0]
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .filter(|d| d.taints.is_some())
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    assert_eq!(tainted(&world), ["gpu-2"]);
+    world.pods = vec![driver("d2", "driver:v2-cleartaints", 5)];
+    world.step(5);
+    assert!(tainted(&world).is_empty());
+    world.pods = vec![driver("d3", "driver:v3-taint", 6)];
+    world.step(6);
+    assert_eq!(tainted(&world), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    world.pods = vec![driver("d4", "driver:v4-fewer", 7)];
+    world.step(7);
+    assert_eq!(world.slice_devices(), Some((2, 4)));
+}
+
+#[test]
+fn partitioned_driver_publishes_a_complete_two_slice_pool() {
+    let mut pod = driver("d1", "driver:v1", 0);
+    pod.metadata.annotations = Some(BTreeMap::from([(
+        crate::PARTITIONS_ANNOTATION.into(),
+        "2".into(),
+    )]));
+    let mut world = World::new(2, vec![pod]);
+    world.step(0);
+    assert_eq!(world.slices.len(), 2);
+    assert!(
+        world
+            .slices
+            .iter()
+            .all(|s| s.spec.pool.resource_slice_count == 2)
+    );
+    // The driver goes: every slice of the pool is withdrawn.
+    world.pods.clear();
+    world.step(1);
+    world.step(2);
+    assert!(world.slices.is_empty());
+}
+
+#[test]
+fn workloads_wait_for_their_claims_to_be_allocated() {
+    let mut world = World::new(4, vec![driver("d1", "driver:v1", 0)]);
+    world.workloads = vec![workload("probe", "Never", None, Some("c1"))];
+    // Unknown claim, then a claim not allocated yet: the pod does not start.
+    let plan = world.step(5);
+    assert!(
+        plan.pod_statuses.iter().all(|u| u.name != "probe"),
+        "{plan:#?}"
+    );
+    let mut pending = allocated_claim("c1", "gpu-0");
+    pending.status = None;
+    world.claims = vec![pending];
+    world.step(6);
+    assert!(world.workloads[0].status.is_none());
+    // Allocated: it starts then, and runs its full time.
+    world.claims = vec![allocated_claim("c1", "gpu-0")];
+    world.step(7);
+    assert_eq!(world.phase("probe"), "Running");
+    assert_eq!(world.workload_status("probe").start_time, Some(Time(ts(7))));
+    world.step(8);
+    assert_eq!(world.phase("probe"), "Succeeded");
+    assert_eq!(referenced_claims(&world.workloads[0]), ["c1"]);
+}
+
+#[test]
+fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
+    let mut world = World::new(4, vec![driver("d1", "driver:v1", 0)]);
+    world.claims = vec![allocated_claim("c1", "gpu-1")];
+    world.workloads = vec![workload("trainer", "Always", None, Some("c1"))];
+    world.step(5);
+    let id = format!("{DEFAULT_DRIVER}/{NODE}/gpu-1");
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[("claim:gpu", &id, "Healthy")])
+    );
+
+    world.pods = vec![driver("d2", "driver:v2-unhealthy", 6)];
+    world.step(6);
+    assert_eq!(
+        world.health("trainer"),
+        health_of(&[("claim:gpu", &id, "Unhealthy")])
+    );
+    let message = world
+        .workload_status("trainer")
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+        .allocated_resources_status
+        .as_ref()
+        .unwrap()[0]
+        .resources
+        .as_ref()
+        .unwrap()[0]
+        .message
+        .clone();
+    assert_eq!(
+        message.as_deref(),
+        Some("XID 79: GPU has fallen off the bus")
+    );
+    assert_eq!(world.phase("trainer"), "Running");
+
+    world.pods = vec![driver("d3", "driver:v3-dropclaims", 7)];
+    world.step(7);
+    let devices: Vec<String> = world.slices[0]
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.clone())
+        .collect();
+    assert_eq!(devices, ["gpu-0", "gpu-2", "gpu-3"]);
+    assert_eq!(world.phase("trainer"), "Failed");
+    // Planned again a second later (before the ended status is seen), the
+    // pod ends at the same time, with the same log: the sim holds an ended
+    // status back until its log is published, so a log that moved with the
+    // clock would hold it back forever.
+    let mut again = World::new(4, vec![driver("d1", "driver:v1-dropclaims", 0)]);
+    again.claims = vec![allocated_claim("c1", "gpu-1")];
+    again.workloads = vec![workload("trainer", "Always", None, Some("c1"))];
+    let first = again.plan(20);
+    let second = again.plan(21);
+    // (Condition transition times are "now" for conditions that change:
+    // only the container's end and the log must hold still.)
+    let status = |plan: &NodePlan| {
+        plan.pod_statuses
+            .iter()
+            .find(|u| u.name == "trainer")
+            .map(|u| (u.status.phase.clone(), u.status.container_statuses.clone()))
+    };
+    assert!(status(&first).is_some());
+    assert_eq!(status(&first), status(&second));
+    let log = |plan: &NodePlan| plan.logs.iter().find(|l| l.name == "trainer").cloned();
+    assert_eq!(log(&first), log(&second));
+    let message = world.workload_status("trainer").message.clone().unwrap();
+    assert!(
+        message.starts_with("NodePrepareResources failed for ResourceClaim c1: device gpu-1"),
+        "{message}"
+    );
+    // Once the claim is released the device comes back.
+    world.claims.clear();
+    world.step(8);
+    assert_eq!(world.slice_devices(), Some((4, 3)));
+}
+
+#[test]
+fn gpu_metrics_follow_the_agents() {
+    let mut world = World::new(2, vec![plugin("p1", "plugin:v1", 0)]);
+    world.timings.health_handover = Duration::from_secs(5);
+    assert_eq!(world.gpu_healthy(0), [true, true]);
+    world.step(0);
+    // A quick replacement shows no dip; an agent gone for good does.
+    world.pods.clear();
+    assert_eq!(world.gpu_healthy(1), [true, true]);
+    world.step(1);
+    assert_eq!(world.gpu_healthy(6), [false, false]);
+    world.step(6);
+    world.pods = vec![plugin("p2", "plugin:v2-broken", 7)];
+    assert_eq!(world.gpu_healthy(7), [false, false]);
+    world.pods = vec![plugin("p3", "plugin:v3-fewer", 8)];
+    assert_eq!(world.gpu_healthy(8), [true, false]);
+    world.step(8);
+
+    // A driver that came and went does not spoil a plugin that serves.
+    world.pods = vec![driver("d1", "driver:v1", 9), plugin("p4", "plugin:v4", 9)];
+    world.step(9);
+    world.pods = vec![plugin("p4", "plugin:v4", 9)];
+    world.step(10);
+    world.step(11);
+    assert_eq!(world.gpu_healthy(30), [true, true]);
+
+    // A faulty GPU reads unhealthy with XID 79; -unhealthy raises the XID.
+    world.node.as_mut().unwrap().faulty = BTreeSet::from([1]);
+    let plan = world.plan(31);
+    let gpus = plan.gpus.unwrap();
+    assert_eq!(
+        gpus.iter().map(|g| (g.healthy, g.xid)).collect::<Vec<_>>(),
+        [(true, 0), (false, 79)]
+    );
+    world.pods = vec![plugin("p5", "plugin:v5-unhealthy", 32)];
+    let gpus = world.plan(32).gpus.unwrap();
+    assert!(gpus.iter().all(|g| !g.healthy && g.xid == 79));
+
+    // No Node: no metrics.
+    world.node = None;
+    assert_eq!(world.plan(33).gpus, None);
+}
+
+#[test]
+fn agent_logs_are_planned_per_container() {
+    let mut pod = plugin("p1", "plugin:v1-fatallog", 0);
+    pod.spec.as_mut().unwrap().containers.push(Container {
+        name: "exporter".into(),
+        image: Some("exp:1".into()),
+        ..Container::default()
+    });
+    let mut world = World::new(2, vec![pod]);
+    let plan = world.step(0);
+    assert_eq!(plan.logs.len(), 1);
+    let logs = &plan.logs[0];
+    assert_eq!(
+        (logs.namespace.as_str(), logs.name.as_str()),
+        ("agents", "p1")
+    );
+    assert!(logs.containers["agent"].contains(" stdout F E"), "{logs:?}");
+    assert!(logs.containers["agent"].contains("could not load NVML library"));
+    assert!(logs.containers["exporter"].contains("exporter started"));
 }
