@@ -84,7 +84,10 @@ fn promtool_unit_tests_cover_every_alert_firing_and_not_firing() -> anyhow::Resu
                 .contains("kubectl saferollout"),
             "{alert}'s runbook names kubectl saferollout"
         );
-        assert!(rule["labels"]["severity"].is_string(), "{alert} has no severity");
+        assert!(
+            rule["labels"]["severity"].is_string(),
+            "{alert} has no severity"
+        );
     }
     Ok(())
 }
@@ -100,7 +103,8 @@ impl Prometheus {
     /// Scrapes exactly one static loopback target, every second, and
     /// evaluates deploy/prometheus-rules.yaml every second.
     fn start(target_port: u16) -> anyhow::Result<Self> {
-        let dir = std::env::temp_dir().join(format!("saferollout-prometheus-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("saferollout-prometheus-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let rules = repo_root().join("deploy/prometheus-rules.yaml");
@@ -115,13 +119,22 @@ impl Prometheus {
         let port = free_loopback_port()?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()?;
-        eprintln!("prometheus on 127.0.0.1:{port} logs to {}", dir.join("prometheus.log").display());
+        eprintln!(
+            "prometheus on 127.0.0.1:{port} logs to {}",
+            dir.join("prometheus.log").display()
+        );
         Ok(Prometheus { child, port, dir })
     }
 
@@ -155,8 +168,8 @@ impl Drop for Prometheus {
 }
 
 #[tokio::test]
-async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout()
--> anyhow::Result<()> {
+async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout() -> anyhow::Result<()>
+{
     let c = cluster();
     install_crd(c)?;
     c.kubectl(&[
@@ -181,12 +194,16 @@ async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout()
         "alerts",
     )?;
     poll("the operator's /metrics", TIMEOUT, || {
-        Ok(http_get(metrics, "/metrics").ok().filter(|(code, _)| *code == 200))
+        Ok(http_get(metrics, "/metrics")
+            .ok()
+            .filter(|(code, _)| *code == 200))
     })
     .await?;
     let prom = Prometheus::start(metrics)?;
     poll("Prometheus ready", TIMEOUT, || {
-        Ok(http_get(prom.port, "/-/ready").ok().filter(|(code, _)| *code == 200))
+        Ok(http_get(prom.port, "/-/ready")
+            .ok()
+            .filter(|(code, _)| *code == 200))
     })
     .await?;
 
@@ -196,15 +213,15 @@ async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout()
     );
     create_plugin_daemonset(&client, &ns.name, resource, v1).await?;
     create_rollout(&client, &ns.name, "plugin", default_spec(resource, v1)).await?;
-    wait_status(&client, &ns.name, "plugin", TIMEOUT, |st| {
-        st.phase == Some(Phase::Succeeded) && st.last_good_template.is_some()
-    })
-    .await?;
+    wait_adopted(&client, &ns.name, "plugin").await?;
 
     // Prometheus scrapes the operator, and nothing else.
     poll("the operator's target up", TIMEOUT, || {
         let data = prom.api("/api/v1/targets")?;
-        let active = data["activeTargets"].as_array().cloned().unwrap_or_default();
+        let active = data["activeTargets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         for t in &active {
             let url = t["scrapeUrl"].as_str().unwrap_or_default();
             anyhow::ensure!(
@@ -248,7 +265,9 @@ async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout()
     assert_eq!(labels["name"], "plugin");
     assert_eq!(labels["gate"], format!("allocatable/{resource}").as_str());
     assert_eq!(labels["severity"], "warning");
-    let runbook = gate[0]["annotations"]["runbook"].as_str().unwrap_or_default();
+    let runbook = gate[0]["annotations"]["runbook"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         runbook.contains(&format!("kubectl saferollout -n {} status plugin", ns.name)),
         "{runbook}"

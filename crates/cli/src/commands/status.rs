@@ -411,7 +411,12 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
 /// or until the object is deleted.
 pub async fn run(kube: &Kube, args: &StatusArgs) -> Result<u8, CliError> {
     let sr = get_rollout(kube, &args.name).await?;
-    emit(&format_status(&sr, args.output, Timestamp::now(), args.watch)?);
+    emit(&format_status(
+        &sr,
+        args.output,
+        Timestamp::now(),
+        args.watch,
+    )?);
     if !args.watch {
         return Ok(0);
     }
@@ -657,10 +662,10 @@ mod tests {
     #[test]
     fn a_stage_waiting_for_approval_is_reported() {
         let mut sr = rollout();
-        sr.spec.stages = vec![
+        sr.spec.stages = Some(vec![
             serde_json::from_value(serde_json::json!({"nodes": 1, "pause": true})).unwrap(),
             serde_json::from_value(serde_json::json!({"nodes": "100%"})).unwrap(),
-        ];
+        ]);
         sr.status = Some(SafeRolloutStatus {
             phase: Some(Phase::Paused),
             current_stage: Some(0),

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -44,9 +44,7 @@ pub fn tool(name: &str) -> PathBuf {
 
 /// Output of a command that must succeed (the error carries stderr).
 pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {cmd:?}"))?;
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!(
             "{cmd:?} failed with {}: {}{}",
@@ -60,7 +58,9 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
 
 /// `helm ARGS` run in the repository root.
 pub fn helm(args: &[&str]) -> anyhow::Result<String> {
-    run(Command::new(tool("helm")).current_dir(repo_root()).args(args))
+    run(Command::new(tool("helm"))
+        .current_dir(repo_root())
+        .args(args))
 }
 
 /// Installs the CRD from deploy/ and waits until it is served.
@@ -248,7 +248,9 @@ pub async fn create_plugin_daemonset(
 
 /// Waits until every node runs one Ready agent pod with `image`.
 pub async fn wait_agents(client: &Client, ns: &str, image: &str) -> anyhow::Result<()> {
-    let nodes = Api::<Node>::all(client.clone()).list(&Default::default()).await?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await?;
     let want = nodes.items.len();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for_all(
@@ -292,6 +294,28 @@ pub async fn create_rollout(
         .create(&PostParams::default(), &sr)
         .await?;
     Ok(())
+}
+
+/// Waits until the operator adopted the DaemonSet: Succeeded on a stable
+/// revision, with the last-good backup (a ControllerRevision) written.
+/// (Not `status.lastGoodTemplate`: today's operator sometimes fills it in
+/// only on its next reconcile, which nothing may trigger.)
+pub async fn wait_adopted(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<SafeRolloutStatus> {
+    let st = wait_status(client, ns, name, TIMEOUT, |st| {
+        st.phase == Some(saferollout_api::Phase::Succeeded) && st.stable_revision.is_some()
+    })
+    .await?;
+    let backup = format!(
+        "{name}-last-good-{}",
+        st.stable_revision.clone().unwrap_or_default()
+    );
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), ns);
+    wait_for_object(&revisions, &backup, TIMEOUT, |cr| cr.is_some()).await?;
+    Ok(st)
 }
 
 pub async fn set_template_image(
