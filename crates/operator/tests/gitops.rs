@@ -57,6 +57,13 @@ const AWAITING_ENGINE: &[(&str, Tool)] = &[
     ("target-not-found", Tool::ArgoCd),
 ];
 
+/// The README tells Argo CD users they may ignore what the operator wrote on
+/// the DaemonSet with `managedFieldsManagers: [saferollout-operator]`. Today
+/// the operator's DaemonSet patches name no field manager (the API server
+/// records "unknown"): true until the engine of issue 7 names it; the test
+/// asserts that it still does not, so it fails once it does.
+const DAEMONSET_FIELD_MANAGER_AWAITS_ENGINE: bool = true;
+
 /// (case, Argo CD health, kstatus status).
 const EXPECTED: &[(&str, &str, &str)] = &[
     ("pending-taking-over", "Progressing", "InProgress"),
@@ -306,6 +313,29 @@ async fn argo_cd_health_and_kstatus_of_real_objects_in_every_phase() -> anyhow::
     .await?;
     task.abort();
     drop(op);
+
+    // Who wrote updateStrategy and the template on the DaemonSet.
+    let ds = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), &ns.name)
+        .get("plugin")
+        .await?;
+    let writers: Vec<String> = ds
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0["f:spec"].get("f:updateStrategy").is_some())
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    eprintln!("managers of the DaemonSet's spec.updateStrategy: {writers:?}");
+    assert_eq!(
+        writers.iter().any(|m| m == "saferollout-operator"),
+        !DAEMONSET_FIELD_MANAGER_AWAITS_ENGINE,
+        "managers of spec.updateStrategy: {writers:?} (update DAEMONSET_FIELD_MANAGER_AWAITS_ENGINE)"
+    );
 
     // One object per case: the first captured.
     let mut cases: BTreeMap<String, Value> = BTreeMap::new();
