@@ -80,7 +80,13 @@ cannot be read.")]
     #[command(after_help = "\
 Examples:
   kubectl saferollout status nvidia-device-plugin
-  kubectl saferollout -n gpu status nvidia-device-plugin --watch")]
+  kubectl saferollout -n gpu status nvidia-device-plugin --watch
+  kubectl saferollout -n gpu status nvidia-device-plugin -o json | jq -r .phase
+
+-o json|yaml prints one document with stable field names (namespace, name, daemonSet,
+generation, observedGeneration, phase, paused, message, currentStage, stageCount,
+awaitingApproval, targetRevision, stableRevision, lastGood, stages, gates, conditions,
+blockedRevisions; stage numbers 1-based); with --watch, one document per change.")]
     Status(StatusArgs),
 
     /// Show which nodes each stage would take now, without changing anything.
@@ -185,6 +191,9 @@ pub struct StatusArgs {
     /// Keep watching and print the status again on every change (Ctrl-C to stop).
     #[arg(short = 'w', long)]
     pub watch: bool,
+    /// Output format: a table for people, JSON or YAML (stable fields) for scripts.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -242,7 +251,24 @@ mod tests {
         assert_eq!(cli.global.namespace.as_deref(), Some("gpu"));
         assert_eq!(cli.global.context.as_deref(), Some("kind"));
         assert!(
-            matches!(cli.command, Command::Status(StatusArgs { ref name, watch: true }) if name == "foo")
+            matches!(cli.command, Command::Status(StatusArgs { ref name, watch: true, output: OutputFormat::Table }) if name == "foo")
+        );
+    }
+
+    #[test]
+    fn status_takes_an_output_format() {
+        let cli =
+            Cli::try_parse_from(["kubectl-saferollout", "status", "foo", "-o", "yaml"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Status(StatusArgs {
+                watch: false,
+                output: OutputFormat::Yaml,
+                ..
+            })
+        ));
+        assert!(
+            Cli::try_parse_from(["kubectl-saferollout", "status", "foo", "-o", "wide"]).is_err()
         );
     }
 

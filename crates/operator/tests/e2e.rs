@@ -42,9 +42,9 @@ impl Operator {
             .open(&log)?;
         let child = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"))
             .args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"])
-            // One lease per test: a killed operator of an earlier test must not
-            // hold the next one back for a lease duration.
-            .args(["--leader-election-lease-name", &format!("saferollout-{ns}")])
+            // The lease of deploy/rbac.yaml, held briefly: a killed operator of
+            // an earlier test holds the next one back for 3 s at most.
+            .args(["--lease-duration", "3", "--lease-grace", "1"])
             .env("KUBECONFIG", c.kubeconfig())
             // Least privilege, proven: the operator acts as the ServiceAccount
             // of deploy/rbac.yaml, not as the cluster admin.

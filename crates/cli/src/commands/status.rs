@@ -1,4 +1,4 @@
-//! `status NAME [-w]`: where a rollout is.
+//! `status NAME [-w] [-o table|json|yaml]`: where a rollout is.
 
 use std::pin::pin;
 
@@ -8,13 +8,14 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::watch_object;
 use saferollout_api::{SafeRollout, SafeRolloutSpec, SafeRolloutStatus};
+use serde::Serialize;
 
 use super::actions::approve_index;
 use super::{get_rollout, int_or_string, rollout_ref};
 use crate::cli::StatusArgs;
 use crate::client::Kube;
 use crate::error::{CliError, error_chain};
-use crate::output::{age, emit, timestamp};
+use crate::output::{OutputFormat, age, emit, serialize, timestamp};
 use crate::table::{Table, list, or_dash};
 
 /// How many node names a stage row shows before `(+N more)`.
@@ -45,6 +46,200 @@ pub fn watch_key(
         sr.status.clone(),
         sr.metadata.annotations.clone(),
     )
+}
+
+/// `status -o json|yaml`: the shape scripts read (documented in the README).
+/// Field names and meanings are stable; new fields may be added. Stage
+/// numbers are 1-based, as in the table; times are RFC 3339 in UTC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub namespace: String,
+    pub name: String,
+    /// The target DaemonSet (same namespace).
+    pub daemon_set: String,
+    pub generation: i64,
+    /// The generation the operator last acted on (`null` before it did).
+    pub observed_generation: Option<i64>,
+    /// Pending, Progressing, Paused, Succeeded, RollingBack, Degraded or
+    /// Failed; `null` before the operator reconciled the object.
+    pub phase: Option<String>,
+    /// `spec.paused`.
+    pub paused: bool,
+    pub message: Option<String>,
+    /// Current stage, 1-based (`null` when none).
+    pub current_stage: Option<i32>,
+    /// Number of stages (the defaults when `spec.stages` is empty).
+    pub stage_count: usize,
+    /// The 1-based stage waiting for `kubectl saferollout approve` (`null` when none).
+    pub awaiting_approval: Option<i32>,
+    pub target_revision: Option<String>,
+    pub stable_revision: Option<String>,
+    pub last_good: Option<LastGoodReport>,
+    pub stages: Vec<StageReport>,
+    pub gates: Vec<GateReport>,
+    pub conditions: Vec<ConditionReport>,
+    pub blocked_revisions: Vec<BlockedReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastGoodReport {
+    pub revision: String,
+    pub controller_revision: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageReport {
+    /// 1-based.
+    pub stage: usize,
+    /// Cumulative size as written in the spec: a node count or a percentage.
+    pub size: String,
+    /// The stage waits for approval after passing (`pause: true`).
+    pub approval: bool,
+    /// Planned, Replacing, Verifying, Passed, Paused, Failed, ...; `null` before it started.
+    pub state: Option<String>,
+    pub nodes: Vec<String>,
+    pub started_at: Option<String>,
+    pub verified_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateReport {
+    /// 1-based stage the result belongs to.
+    pub stage: i32,
+    pub gate: String,
+    /// Pending, Passed or Failed.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub node: Option<String>,
+    pub observed: Option<String>,
+    pub expected: Option<String>,
+    pub since: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionReport {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_time: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedReport {
+    pub revision: String,
+    pub reason: String,
+    pub message: String,
+    pub blocked_at: String,
+}
+
+fn time(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<String> {
+    t.map(|t| timestamp(t.0))
+}
+
+/// The report of `status -o json|yaml`.
+pub fn report(sr: &SafeRollout) -> StatusReport {
+    let empty = SafeRolloutStatus::default();
+    let st = sr.status.as_ref().unwrap_or(&empty);
+    let spec = &sr.spec;
+    let stages = spec.effective_stages();
+    StatusReport {
+        namespace: sr.metadata.namespace.clone().unwrap_or_default(),
+        name: sr.metadata.name.clone().unwrap_or_default(),
+        daemon_set: spec.target_ref.name.clone(),
+        generation: sr.metadata.generation.unwrap_or(0),
+        observed_generation: st.observed_generation,
+        phase: st.phase.map(|p| p.to_string()),
+        paused: spec.paused,
+        message: st.message.clone(),
+        current_stage: st.current_stage.map(|i| i + 1),
+        stage_count: stages.len(),
+        awaiting_approval: approve_index(st).ok().map(|i| i + 1),
+        target_revision: st.target_revision.clone(),
+        stable_revision: st.stable_revision.clone(),
+        last_good: st.last_good_template.as_ref().map(|lg| LastGoodReport {
+            revision: lg.revision.clone(),
+            controller_revision: lg.controller_revision.clone(),
+        }),
+        stages: stages
+            .iter()
+            .enumerate()
+            .map(|(i, stage_spec)| {
+                let recorded = st.stage(i as i32);
+                StageReport {
+                    stage: i + 1,
+                    size: int_or_string(&stage_spec.nodes),
+                    approval: stage_spec.pause,
+                    state: recorded.map(|r| r.state.to_string()),
+                    nodes: recorded.map(|r| r.nodes.clone()).unwrap_or_default(),
+                    started_at: time(recorded.and_then(|r| r.started_at.as_ref())),
+                    verified_at: time(recorded.and_then(|r| r.verified_at.as_ref())),
+                }
+            })
+            .collect(),
+        gates: st
+            .stages
+            .iter()
+            .flat_map(|s| {
+                s.gates.iter().map(move |g| GateReport {
+                    stage: s.index + 1,
+                    gate: g.gate.clone(),
+                    status: g.status.to_string(),
+                    reason: g.reason.clone(),
+                    message: g.message.clone(),
+                    node: g.node.clone(),
+                    observed: g.observed.clone(),
+                    expected: g.expected.clone(),
+                    since: time(g.since.as_ref()),
+                })
+            })
+            .collect(),
+        conditions: st
+            .conditions
+            .iter()
+            .map(|c| ConditionReport {
+                type_: c.type_.clone(),
+                status: c.status.clone(),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                last_transition_time: timestamp(c.last_transition_time.0),
+            })
+            .collect(),
+        blocked_revisions: st
+            .blocked_revisions
+            .iter()
+            .map(|b| BlockedReport {
+                revision: b.revision.clone(),
+                reason: b.reason.clone(),
+                message: b.message.clone(),
+                blocked_at: timestamp(b.blocked_at.0),
+            })
+            .collect(),
+    }
+}
+
+/// The text `status` prints for one state of the object: the table, or one
+/// JSON/YAML document (a YAML document starts with `---` when watching, so
+/// a stream of them parses).
+pub fn format_status(
+    sr: &SafeRollout,
+    output: OutputFormat,
+    now: Timestamp,
+    watching: bool,
+) -> Result<String, CliError> {
+    match serialize(&report(sr), output)? {
+        None => Ok(render(sr, now)),
+        Some(doc) if watching && output == OutputFormat::Yaml => Ok(format!("---\n{doc}")),
+        Some(doc) => Ok(doc),
+    }
 }
 
 /// The full status report.
@@ -216,7 +411,12 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
 /// or until the object is deleted.
 pub async fn run(kube: &Kube, args: &StatusArgs) -> Result<u8, CliError> {
     let sr = get_rollout(kube, &args.name).await?;
-    emit(&render(&sr, Timestamp::now()));
+    emit(&format_status(
+        &sr,
+        args.output,
+        Timestamp::now(),
+        args.watch,
+    )?);
     if !args.watch {
         return Ok(0);
     }
@@ -238,15 +438,21 @@ pub async fn run(kube: &Kube, args: &StatusArgs) -> Result<u8, CliError> {
                 if key != last {
                     last = key;
                     let now = Timestamp::now();
-                    emit(&format!(
-                        "\n--- {} ---\n{}",
-                        timestamp(now),
-                        render(&sr, now)
-                    ));
+                    let text = format_status(&sr, args.output, now, true)?;
+                    if args.output == OutputFormat::Table {
+                        emit(&format!("\n--- {} ---\n{text}", timestamp(now)));
+                    } else {
+                        emit(&text);
+                    }
                 }
             }
             Some(Ok(None)) => {
-                emit(&format!("\n{what} was deleted\n"));
+                // Scripts reading JSON/YAML see the stream end; people see why.
+                if args.output == OutputFormat::Table {
+                    emit(&format!("\n{what} was deleted\n"));
+                } else {
+                    eprintln!("{what} was deleted");
+                }
                 return Ok(0);
             }
             Some(Err(e)) => {
@@ -367,6 +573,116 @@ mod tests {
         }
         // Stages not reached yet show as such.
         assert!(text.contains("  2/4     10%"), "{text}");
+    }
+
+    #[test]
+    fn json_report_has_the_documented_shape() {
+        let mut sr = rollout();
+        sr.spec.paused = true;
+        sr.status = Some(SafeRolloutStatus {
+            observed_generation: Some(2),
+            phase: Some(Phase::Degraded),
+            current_stage: Some(0),
+            target_revision: Some("bad123".into()),
+            stable_revision: Some("good456".into()),
+            message: Some("reverted".into()),
+            stages: vec![StageStatus {
+                index: 0,
+                nodes: vec!["node-a".into()],
+                state: StageState::Failed,
+                started_at: Some(Time(ts("2025-01-01T00:08:00Z"))),
+                gates: vec![GateResult {
+                    gate: "allocatable/nvidia.com/gpu".into(),
+                    status: GateStatus::Failed,
+                    reason: "BelowMinimum".into(),
+                    message: "node-a advertises 0".into(),
+                    node: Some("node-a".into()),
+                    observed: Some("0".into()),
+                    expected: Some(">= 8".into()),
+                    since: Some(Time(ts("2025-01-01T00:09:00Z"))),
+                }],
+                ..Default::default()
+            }],
+            conditions: vec![Condition {
+                type_: "Degraded".into(),
+                status: "True".into(),
+                reason: "GateFailed".into(),
+                message: "allocatable gate failed".into(),
+                last_transition_time: Time(ts("2025-01-01T00:09:30.5Z")),
+                observed_generation: Some(2),
+            }],
+            blocked_revisions: vec![BlockedRevision {
+                revision: "bad123".into(),
+                reason: "GateFailed".into(),
+                message: "0 GPUs".into(),
+                template_hash: None,
+                blocked_at: Time(ts("2025-01-01T00:09:30Z")),
+            }],
+            ..Default::default()
+        });
+        let now = ts("2025-01-01T00:10:00Z");
+        let text = format_status(&sr, OutputFormat::Json, now, false).unwrap();
+        let got: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let stage = |n: usize, size: &str| {
+            serde_json::json!({"stage": n, "size": size, "approval": false, "state": null,
+                "nodes": [], "startedAt": null, "verifiedAt": null})
+        };
+        let want = serde_json::json!({
+            "namespace": "gpu", "name": "plugin", "daemonSet": "nvidia-plugin",
+            "generation": 2, "observedGeneration": 2, "phase": "Degraded", "paused": true,
+            "message": "reverted", "currentStage": 1, "stageCount": 4, "awaitingApproval": null,
+            "targetRevision": "bad123", "stableRevision": "good456", "lastGood": null,
+            "stages": [
+                {"stage": 1, "size": "1", "approval": false, "state": "Failed", "nodes": ["node-a"],
+                 "startedAt": "2025-01-01T00:08:00Z", "verifiedAt": null},
+                stage(2, "10%"), stage(3, "50%"), stage(4, "100%"),
+            ],
+            "gates": [{"stage": 1, "gate": "allocatable/nvidia.com/gpu", "status": "Failed",
+                "reason": "BelowMinimum", "message": "node-a advertises 0", "node": "node-a",
+                "observed": "0", "expected": ">= 8", "since": "2025-01-01T00:09:00Z"}],
+            "conditions": [{"type": "Degraded", "status": "True", "reason": "GateFailed",
+                "message": "allocatable gate failed", "lastTransitionTime": "2025-01-01T00:09:30Z"}],
+            "blockedRevisions": [{"revision": "bad123", "reason": "GateFailed", "message": "0 GPUs",
+                "blockedAt": "2025-01-01T00:09:30Z"}],
+        });
+        assert_eq!(got, want, "{text}");
+
+        // YAML: the same fields; a watch stream separates documents.
+        let yaml = format_status(&sr, OutputFormat::Yaml, now, false).unwrap();
+        let parsed: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(parsed, want, "{yaml}");
+        let watched = format_status(&sr, OutputFormat::Yaml, now, true).unwrap();
+        assert!(watched.starts_with("---\n"), "{watched}");
+        assert_eq!(
+            format_status(&sr, OutputFormat::Table, now, false).unwrap(),
+            render(&sr, now)
+        );
+    }
+
+    #[test]
+    fn a_stage_waiting_for_approval_is_reported() {
+        let mut sr = rollout();
+        sr.spec.stages = Some(vec![
+            serde_json::from_value(serde_json::json!({"nodes": 1, "pause": true})).unwrap(),
+            serde_json::from_value(serde_json::json!({"nodes": "100%"})).unwrap(),
+        ]);
+        sr.status = Some(SafeRolloutStatus {
+            phase: Some(Phase::Paused),
+            current_stage: Some(0),
+            stages: vec![StageStatus {
+                index: 0,
+                state: StageState::Paused,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let r = report(&sr);
+        assert_eq!(r.awaiting_approval, Some(1));
+        assert_eq!(r.current_stage, Some(1));
+        assert_eq!(r.stage_count, 2);
+        assert!(r.stages[0].approval);
+        assert_eq!(r.stages[0].state.as_deref(), Some("Paused"));
+        assert_eq!(r.phase.as_deref(), Some("Paused"));
     }
 
     #[test]

@@ -1,0 +1,58 @@
+{{/*
+The operator's RBAC rules, one rule a line, each with why it is needed.
+Verbs are enumerated (no wildcards) and nothing reads Secrets. Reads and
+writes of a resource are separate lines, so a write can be audited (and
+removed) on its own. To add a rule, add one line to the right set below; an
+optional rule goes behind a value, e.g.
+  {{- if .Values.rbac.someFeature }}
+  - {apiGroups: [...], resources: [...], verbs: [...]}
+  {{- end }}
+*/}}
+
+{{/* Rules on namespaced objects of the watched namespaces: a ClusterRole
+when every namespace is watched, a Role in each of `watchNamespaces` otherwise. */}}
+{{- define "saferollout.rules.rollouts" -}}
+# SafeRollouts: read; patch (and update) its finalizer and the annotations it consumes.
+- {apiGroups: [saferollout.dev], resources: [saferollouts], verbs: [get, list, watch, patch, update]}
+# SafeRollout status: the operator's record of a rollout, written before it acts.
+- {apiGroups: [saferollout.dev], resources: [saferollouts/status], verbs: [get, patch, update]}
+# Owner references (blockOwnerDeletion) from the backups it creates to their SafeRollout.
+- {apiGroups: [saferollout.dev], resources: [saferollouts/finalizers], verbs: [update]}
+# DaemonSets: read the target.
+- {apiGroups: [apps], resources: [daemonsets], verbs: [get, list, watch]}
+# DaemonSets: updateStrategy OnDelete, the template stage by stage, the last good template on revert.
+- {apiGroups: [apps], resources: [daemonsets], verbs: [patch]}
+# ControllerRevisions: read the DaemonSet's revisions.
+- {apiGroups: [apps], resources: [controllerrevisions], verbs: [get, list, watch]}
+# ControllerRevisions: create and delete the last-good backup the SafeRollout owns.
+- {apiGroups: [apps], resources: [controllerrevisions], verbs: [create, delete]}
+# Pods: read the agent pods.
+- {apiGroups: [""], resources: [pods], verbs: [get, list, watch]}
+# Pods: replace agent pods node by node, at most maxUnavailable at a time.
+- {apiGroups: [""], resources: [pods], verbs: [delete]}
+# Events about each SafeRollout (gate failures, reverts, preflight findings).
+- {apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}
+{{- end -}}
+
+{{/* Rules that are cluster-wide whatever the mode. */}}
+{{- define "saferollout.rules.cluster" -}}
+# Nodes: read their devices (allocatable), readiness, taints and zones.
+- {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}
+# Nodes: the stage labels (saferollout.dev/stage, saferollout.dev/rollout).
+- {apiGroups: [""], resources: [nodes], verbs: [patch]}
+# Namespaces: the Pod Security level preflight checks a template against.
+{{- if .Values.watchNamespaces }}
+- {apiGroups: [""], resources: [namespaces], verbs: [get], resourceNames: [{{ join ", " .Values.watchNamespaces }}]}
+{{- else }}
+- {apiGroups: [""], resources: [namespaces], verbs: [get]}
+{{- end }}
+{{- end -}}
+
+{{/* Leader election, in the Lease's namespace only. */}}
+{{- define "saferollout.rules.leaderElection" -}}
+# Leases: create the leader-election Lease (create cannot be limited by name).
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [create]}
+# Leases: hold and renew that one Lease, and watch it (the write fence: a
+# replica writes only while its own renewals keep arriving).
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, update, patch], resourceNames: [{{ include "saferollout.leaseName" . }}]}
+{{- end -}}

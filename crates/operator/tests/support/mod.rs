@@ -1,0 +1,397 @@
+//! Helpers shared by the chart, alert and GitOps tests (small ones copied
+//! from e2e.rs, which keeps its own): the tools of tests/tools/build-bins,
+//! the operator as a child process, the simulated plugin and its rollout.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use saferollout_api::{SafeRollout, SafeRolloutStatus};
+use saferollout_testkit::{TestCluster, repo_root, wait_for_all, wait_for_object};
+use serde_json::json;
+
+pub const GPUS: i64 = 8;
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The directory of helm, promtool, prometheus and gitops-check, built or
+/// installed by tests/tools/build-bins (cached; tests/setup runs it first).
+pub fn tools_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new(repo_root().join("tests/tools/build-bins"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running tests/tools/build-bins");
+        assert!(out.status.success(), "tests/tools/build-bins failed");
+        let text = String::from_utf8(out.stdout).expect("utf-8");
+        PathBuf::from(text.lines().last().unwrap_or_default())
+    })
+}
+
+pub fn tool(name: &str) -> PathBuf {
+    tools_dir().join(name)
+}
+
+/// Output of a command that must succeed (the error carries stderr).
+pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed with {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// `helm ARGS` run in the repository root.
+pub fn helm(args: &[&str]) -> anyhow::Result<String> {
+    run(Command::new(tool("helm"))
+        .current_dir(repo_root())
+        .args(args))
+}
+
+/// Installs the CRD from deploy/ and waits until it is served.
+pub fn install_crd(c: &TestCluster) -> anyhow::Result<()> {
+    c.kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &repo_root().join("deploy/crd.yaml").to_string_lossy(),
+    ])?;
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/saferollouts.saferollout.dev",
+        "--timeout=60s",
+    ])?;
+    Ok(())
+}
+
+/// A free TCP port on 127.0.0.1 (the listener is closed before it is used:
+/// another process could take it in between, which a test then reports).
+pub fn free_loopback_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A plain HTTP/1.0 GET to 127.0.0.1: (status code, body).
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: application/json\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no HTTP header in {text:?}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no status in {head:?}"))?;
+    Ok((code, body.to_string()))
+}
+
+/// Polls `f` every 250 ms until it returns `Some`, or fails after `timeout`
+/// with `what`. For things no watch can tell (an HTTP API, a log file).
+pub async fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}; last error: {last_err:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// How the operator authenticates.
+pub enum Identity<'a> {
+    /// The cluster admin's kubeconfig, impersonating this user.
+    Impersonate(&'a Path, &'a str),
+    /// A kubeconfig of its own (e.g. a ServiceAccount token).
+    Kubeconfig(&'a Path),
+}
+
+/// The operator binary as a child process, killed when dropped.
+pub struct Operator {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(identity: Identity, args: &[String], log_name: &str) -> anyhow::Result<Self> {
+        Self::start_with_env(identity, args, &[], log_name)
+    }
+
+    pub fn start_with_env(
+        identity: Identity,
+        args: &[String],
+        env: &[(&str, &str)],
+        log_name: &str,
+    ) -> anyhow::Result<Self> {
+        let log = std::env::temp_dir().join(format!("saferollout-operator-{log_name}.log"));
+        let file = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"));
+        cmd.args(args)
+            .env("RUST_LOG", "info,kube=warn")
+            .env_remove("SAFEROLLOUT_NAMESPACE")
+            .envs(env.iter().copied())
+            .stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file));
+        match identity {
+            Identity::Impersonate(kubeconfig, user) => {
+                cmd.env("KUBECONFIG", kubeconfig)
+                    .env("KUBE_RS_DEBUG_IMPERSONATE_USER", user);
+            }
+            Identity::Kubeconfig(kubeconfig) => {
+                cmd.env("KUBECONFIG", kubeconfig)
+                    .env_remove("KUBE_RS_DEBUG_IMPERSONATE_USER");
+            }
+        }
+        let child = cmd.spawn()?;
+        eprintln!("operator {log_name} logs to {}", log.display());
+        Ok(Operator { child, log })
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `--help` of the operator binary, to tell which flags it has.
+pub fn operator_help() -> &'static str {
+    static HELP: OnceLock<String> = OnceLock::new();
+    HELP.get_or_init(|| {
+        run(Command::new(env!("CARGO_BIN_EXE_saferollout-operator")).arg("--help"))
+            .expect("saferollout-operator --help")
+    })
+}
+
+/// The pod template of the simulated device plugin, advertising `resource`.
+pub fn agent_template(resource: &str, image: &str) -> serde_json::Value {
+    json!({
+        "metadata": {
+            "labels": {"app": "plugin", "sim.saferollout.dev/agent": "device-plugin"},
+            "annotations": {"sim.saferollout.dev/resource": resource}
+        },
+        "spec": {"containers": [{"name": "plugin", "image": image}]}
+    })
+}
+
+/// A plugin DaemonSet `plugin` on every node, waited on until each node
+/// advertises its GPUs.
+pub async fn create_plugin_daemonset(
+    client: &Client,
+    ns: &str,
+    resource: &str,
+    image: &str,
+) -> anyhow::Result<()> {
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": agent_template(resource, image)}
+    }))?;
+    Api::<DaemonSet>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    wait_agents(client, ns, image).await?;
+    let res = resource.to_string();
+    wait_for_all(
+        &Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        move |ns| ns.iter().all(|n| allocatable(n, &res) == Some(GPUS)),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until every node runs one Ready agent pod with `image`.
+pub async fn wait_agents(client: &Client, ns: &str, image: &str) -> anyhow::Result<()> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    let want = nodes.items.len();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        |ps| {
+            let live: Vec<&Arc<Pod>> = ps
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            live.len() == want && live.iter().all(|p| pod_ready(p) && image_of(p) == image)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The default rollout of the tests: 1 node, 50%, 100%, allocatable pinned to the baseline.
+pub fn default_spec(resource: &str, image: &str) -> serde_json::Value {
+    json!({
+        "targetRef": {"name": "plugin"},
+        "template": agent_template(resource, image),
+        "stages": [{"nodes": 1}, {"nodes": "50%"}, {"nodes": "100%"}],
+        "progressDeadline": "3m",
+        "gates": {"allocatable": [{"resource": resource, "min": "baseline", "max": "baseline", "soak": "2s"}]}
+    })
+}
+
+pub async fn create_rollout(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> anyhow::Result<()> {
+    let sr: SafeRollout = serde_json::from_value(json!({
+        "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
+        "metadata": {"name": name}, "spec": spec
+    }))?;
+    Api::<SafeRollout>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &sr)
+        .await?;
+    Ok(())
+}
+
+/// Waits until the operator adopted the DaemonSet: Succeeded on a stable
+/// revision, with the last-good backup (a ControllerRevision) written.
+/// (Not `status.lastGoodTemplate`: today's operator sometimes fills it in
+/// only on its next reconcile, which nothing may trigger.)
+pub async fn wait_adopted(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<SafeRolloutStatus> {
+    let st = wait_status(client, ns, name, TIMEOUT, |st| {
+        st.phase == Some(saferollout_api::Phase::Succeeded) && st.stable_revision.is_some()
+    })
+    .await?;
+    let backup = format!(
+        "{name}-last-good-{}",
+        st.stable_revision.clone().unwrap_or_default()
+    );
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), ns);
+    wait_for_object(&revisions, &backup, TIMEOUT, |cr| cr.is_some()).await?;
+    Ok(st)
+}
+
+pub async fn set_template_image(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    resource: &str,
+    image: &str,
+) -> anyhow::Result<()> {
+    let patch = json!({"spec": {"template": agent_template(resource, image)}});
+    Api::<SafeRollout>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+pub async fn wait_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(&SafeRolloutStatus) -> bool,
+) -> anyhow::Result<SafeRolloutStatus> {
+    let api: Api<SafeRollout> = Api::namespaced(client.clone(), ns);
+    let sr = wait_for_object(&api, name, timeout, |sr| {
+        sr.and_then(|s| s.status.as_ref()).is_some_and(&done)
+    })
+    .await?
+    .context("exists")?;
+    Ok(sr.status.unwrap_or_default())
+}
+
+pub fn condition<'a>(
+    st: &'a SafeRolloutStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    st.conditions.iter().find(|c| c.type_ == type_)
+}
+
+pub fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn image_of(p: &Pod) -> &str {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref())
+        .unwrap_or("")
+}
+
+pub fn allocatable(n: &Node, res: &str) -> Option<i64> {
+    n.status
+        .as_ref()?
+        .allocatable
+        .as_ref()?
+        .get(res)?
+        .0
+        .parse()
+        .ok()
+}
+
+/// Names of the agent pods of `ns` that are not being deleted.
+pub async fn agent_pod_names(client: &Client, ns: &str) -> anyhow::Result<Vec<String>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels("app=plugin"))
+        .await?;
+    let mut names: Vec<String> = pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
+        .collect();
+    names.sort();
+    Ok(names)
+}
