@@ -107,16 +107,31 @@ pub struct Leadership {
     pub fence: Arc<Fence>,
     /// `true` while this replica holds the lease.
     pub changes: tokio::sync::watch::Receiver<bool>,
+    /// Releases the lease on shutdown.
+    pub step_down: StepDown,
+}
+
+/// Gives the lease up (on shutdown), so a replica started next takes it at once.
+pub struct StepDown(Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>);
+
+impl StepDown {
+    pub async fn release(self) {
+        if let Some((stop, done)) = self.0 {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(5), done).await;
+        }
+    }
 }
 
 /// No election: this replica leads from the start.
 pub fn sole_leader() -> Leadership {
-    let (_tx, rx) = tokio::sync::watch::channel(true);
+    let (tx, rx) = tokio::sync::watch::channel(true);
     // Keep the sender alive for the whole process: the receiver must not see a close.
-    std::mem::forget(_tx);
+    std::mem::forget(tx);
     Leadership {
         fence: Fence::always(),
         changes: rx,
+        step_down: StepDown(None),
     }
 }
 
@@ -133,20 +148,35 @@ pub async fn elect(client: Client, config: ElectionConfig) -> anyhow::Result<Lea
     let fence = Fence::elected();
     let (tx, rx) = tokio::sync::watch::channel(false);
 
-    // Follow the manager's view of leadership.
+    // Follow the manager's view of leadership; on shutdown, close its channel
+    // so it releases the lease.
     let f = fence.clone();
     let identity = config.identity.clone();
-    tokio::spawn(async move {
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let follower = tokio::spawn(async move {
         loop {
             let held = *from_manager.borrow_and_update();
             f.set_held(held);
             let _ = tx.send(held);
             info!(%identity, leader = held, "leader lease");
-            if from_manager.changed().await.is_err() {
-                f.set_held(false);
-                let _ = tx.send(false);
-                warn!("the lease manager stopped: {:?}", task.await);
-                return;
+            tokio::select! {
+                changed = from_manager.changed() => {
+                    if changed.is_err() {
+                        f.set_held(false);
+                        let _ = tx.send(false);
+                        warn!("the lease manager stopped: {:?}", task.await);
+                        return;
+                    }
+                }
+                _ = &mut stop_rx => {
+                    f.set_held(false);
+                    drop(from_manager);
+                    match task.await {
+                        Ok(Ok(_)) => info!(%identity, "released the leader lease"),
+                        other => warn!(%identity, "releasing the leader lease: {other:?}"),
+                    }
+                    return;
+                }
             }
         }
     });
@@ -175,7 +205,11 @@ pub async fn elect(client: Client, config: ElectionConfig) -> anyhow::Result<Lea
             }
         }
     });
-    Ok(Leadership { fence, changes: rx })
+    Ok(Leadership {
+        fence,
+        changes: rx,
+        step_down: StepDown(Some((stop_tx, follower))),
+    })
 }
 
 #[cfg(test)]

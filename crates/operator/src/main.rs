@@ -104,9 +104,15 @@ async fn main() -> anyhow::Result<()> {
     let options = controller::Options {
         namespaces: args.watch_namespaces,
     };
-    tokio::select! {
-        r = controller::run(client, metrics, leadership, options) => r?,
-        r = server => r??,
-    }
-    Ok(())
+    let leader::Leadership {
+        fence,
+        changes,
+        step_down,
+    } = leadership;
+    let result = tokio::select! {
+        r = controller::run(client, metrics, fence, changes, options) => r,
+        r = server => r.map_err(anyhow::Error::from).and_then(|r| r),
+    };
+    step_down.release().await;
+    result
 }

@@ -617,9 +617,7 @@ impl Release {
     }
 
     /// The operator's arguments as the installed Deployment has them, with
-    /// the metrics address on loopback. Until the operator has the
-    /// multi-namespace and leader-election flags (issue 7), they are mapped
-    /// to the ones it has (`--namespace`, no election): said on stderr.
+    /// the metrics address on loopback.
     async fn operator_args(&self, client: &kube::Client) -> anyhow::Result<Vec<String>> {
         let d = Api::<Deployment>::namespaced(client.clone(), &self.namespace)
             .get(&self.service_account())
@@ -631,25 +629,16 @@ impl Release {
             .and_then(|s| s.containers.into_iter().next())
             .and_then(|c| c.args)
             .context("the Deployment's container args")?;
-        let modern = operator_help().contains("--watch-namespaces");
-        let mut out = Vec::new();
-        for a in args {
-            if a.starts_with("--metrics-addr") {
-                out.push("--metrics-addr=127.0.0.1:0".into());
-            } else if modern {
-                out.push(a);
-            } else if let Some(list) = a.strip_prefix("--watch-namespaces=") {
-                ensure!(
-                    !list.contains(','),
-                    "this operator watches one namespace: {a}"
-                );
-                out.extend(["--namespace".into(), list.to_string()]);
-            } else if a.starts_with("--leader-election") {
-                eprintln!("this operator has no leader election yet: dropping {a}");
-            } else {
-                out.push(a);
-            }
-        }
+        let out: Vec<String> = args
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--metrics-addr") {
+                    "--metrics-addr=127.0.0.1:0".to_string()
+                } else {
+                    a
+                }
+            })
+            .collect();
         eprintln!("operator args from the chart's Deployment: {out:?}");
         Ok(out)
     }

@@ -78,7 +78,16 @@ impl Operator {
 }
 
 impl Drop for Operator {
+    /// SIGTERM first, so the operator gives its leader lease up and the next
+    /// test's operator takes it at once; SIGKILL if it has not exited in 5 s.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         self.kill();
     }
 }

@@ -36,7 +36,7 @@ use saferollout_core::transitions;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::leader::{Fence, Leadership};
+use crate::leader::Fence;
 use crate::metrics::Metrics;
 use caches::{Caches, Triggers};
 pub use error::{Error, Result};
@@ -448,7 +448,8 @@ pub struct Options {
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
-    leadership: Leadership,
+    fence: Arc<Fence>,
+    mut leading: tokio::sync::watch::Receiver<bool>,
     options: Options,
 ) -> anyhow::Result<()> {
     wait_for_api(&client, &options.namespaces).await?;
@@ -468,11 +469,10 @@ pub async fn run(
         caches: caches.clone(),
         recorder: Recorder::new(client.clone(), Reporter::from("saferollout-operator")),
         metrics: metrics.clone(),
-        fence: leadership.fence.clone(),
+        fence,
         memory: Mutex::new(HashMap::new()),
         templates: TemplateCache::default(),
     });
-    let mut leading = leadership.changes;
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
