@@ -112,7 +112,12 @@ pub struct Leadership {
 }
 
 /// Gives the lease up (on shutdown), so a replica started next takes it at once.
-pub struct StepDown(Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>);
+pub struct StepDown(
+    Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+);
 
 impl StepDown {
     pub async fn release(self) {

@@ -367,7 +367,10 @@ async fn argo_cd_health_and_kstatus_of_real_objects_in_every_phase() -> anyhow::
             (Tool::ArgoCd, *argo, &v["argocd"]),
             (Tool::KStatus, *kstatus, &v["kstatus"]),
         ] {
-            eprintln!("{case:26} {tool:?}: {} (want {want}): {}", got["status"], got["message"]);
+            eprintln!(
+                "{case:26} {tool:?}: {} (want {want}): {}",
+                got["status"], got["message"]
+            );
             if got["status"] != want {
                 wrong.push(format!("{case} {tool:?}: {got} (want {want})"));
             }

@@ -121,6 +121,10 @@ pub const FAULTY_LABEL: &str = "sim.saferollout.dev/faulty-devices";
 /// Driver pod annotation: partitions per GPU (2 or more makes the devices
 /// partitionable, with shared counters).
 pub const PARTITIONS_ANNOTATION: &str = "sim.saferollout.dev/partitions";
+/// Device-plugin pod annotation: how many units of the resource each device
+/// counts for (default 1), as Intel's `gpu.intel.com/millicores` advertises
+/// 1000 per GPU. The node then shows e.g. `8k` for 8 devices.
+pub const UNITS_ANNOTATION: &str = "sim.saferollout.dev/units-per-device";
 /// Label that marks workload pods the sim plays the kubelet for (any value).
 pub const WORKLOAD_LABEL: &str = "sim.saferollout.dev/workload";
 /// Label on every ResourceSlice the sim publishes: the node it describes.

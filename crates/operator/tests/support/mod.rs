@@ -379,15 +379,9 @@ pub fn image_of(p: &Pod) -> &str {
         .unwrap_or("")
 }
 
+/// A node's allocatable count of `res` (quantities in any notation: `8k` is 8000).
 pub fn allocatable(n: &Node, res: &str) -> Option<i64> {
-    n.status
-        .as_ref()?
-        .allocatable
-        .as_ref()?
-        .get(res)?
-        .0
-        .parse()
-        .ok()
+    saferollout_api::quantity_count(n.status.as_ref()?.allocatable.as_ref()?.get(res)?)
 }
 
 /// Names of the agent pods of `ns` that are not being deleted.

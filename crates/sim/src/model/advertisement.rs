@@ -78,8 +78,8 @@ pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> 
     match *endpoint {
         Endpoint::Registered { devices, unhealthy } => AdvertisementPlan {
             entries: ResourceEntries {
-                capacity: Some(devices.to_string()),
-                allocatable: Some(devices.saturating_sub(unhealthy).to_string()),
+                capacity: Some(count(devices)),
+                allocatable: Some(count(devices.saturating_sub(unhealthy))),
             },
             next_change: None,
             finished: false,
@@ -100,15 +100,15 @@ pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> 
             }
             let entries = if now >= zeroed_at {
                 ResourceEntries {
-                    capacity: Some(devices.to_string()),
+                    capacity: Some(count(devices)),
                     allocatable: Some("0".into()),
                 }
             } else {
                 // Until the node status catches up it shows what the plugin
                 // last reported, unhealthy devices not allocatable.
                 ResourceEntries {
-                    capacity: Some(devices.to_string()),
-                    allocatable: Some(devices.saturating_sub(unhealthy).to_string()),
+                    capacity: Some(count(devices)),
+                    allocatable: Some(count(devices.saturating_sub(unhealthy))),
                 }
             };
             let next_change = [zeroed_at, removed_at]
@@ -124,16 +124,49 @@ pub fn advertisement(endpoint: &Endpoint, now: Timestamp, timings: &Timings) -> 
     }
 }
 
-/// Reads an integer quantity as the sim writes them; anything else (which
+/// A whole count as the API server writes it back (its canonical decimal
+/// form: `8`, `1500`, `8k`, `16M`), so what the sim writes and what it reads
+/// back compare equal and it never rewrites a value the server reformatted.
+pub fn count(n: u64) -> String {
+    const SUFFIXES: [&str; 7] = ["", "k", "M", "G", "T", "P", "E"];
+    let (mut n, mut i) = (n, 0);
+    while n != 0 && n % 1000 == 0 && i + 1 < SUFFIXES.len() {
+        n /= 1000;
+        i += 1;
+    }
+    format!("{n}{}", SUFFIXES[i])
+}
+
+/// Reads a quantity as a whole count (`8`, `8k`, `2Ki`); anything else (which
 /// the sim never writes) counts as 0.
 pub fn parse_count(quantity: &str) -> u64 {
-    quantity.trim().parse().unwrap_or(0)
+    kube_quantity::ParsedQuantity::try_from(quantity.trim())
+        .ok()
+        .and_then(|q| q.to_bytes_f64())
+        .filter(|v| v.is_finite() && *v >= 0.0 && v.fract() == 0.0)
+        .map_or(0, |v| v as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn counts_are_written_as_the_api_server_writes_them_back() {
+        for (n, text) in [
+            (0, "0"),
+            (8, "8"),
+            (1500, "1500"),
+            (8000, "8k"),
+            (16_000_000, "16M"),
+        ] {
+            assert_eq!(count(n), text);
+            assert_eq!(parse_count(text), n);
+        }
+        assert_eq!(parse_count("2Ki"), 2048);
+        assert_eq!(parse_count("500m"), 0);
+    }
 
     fn ts(second: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + second).unwrap()

@@ -29,7 +29,7 @@ use super::workload::{
 use super::{AgentKind, Fault, ids};
 use crate::{
     AGENT_LABEL, DEFAULT_DRIVER, DEFAULT_RESOURCE, DEVICES_LABEL, DRIVER_ANNOTATION, FAULTY_LABEL,
-    FIELD_MANAGER, PARTITIONS_ANNOTATION, RESOURCE_ANNOTATION,
+    FIELD_MANAGER, PARTITIONS_ANNOTATION, RESOURCE_ANNOTATION, UNITS_ANNOTATION,
 };
 
 /// What the sim needs to know of a Node object.
@@ -480,7 +480,11 @@ fn plan_device_plugins(
         let plugin_devices = plugins.get(&resource).and_then(|agent| {
             let count = agent.moment.offer.plugin_devices(node.physical_devices)?;
             let healthy = plugin_healthy_count(agent.fault, count, &node.faulty);
-            Some((count, count - healthy))
+            let units = annotation(agent.pod, UNITS_ANNOTATION)
+                .and_then(|u| u.parse::<u64>().ok())
+                .filter(|u| *u > 0)
+                .unwrap_or(1);
+            Some((count * units, (count - healthy) * units))
         });
         // A leftover entry (only allocatable, say) still needs retiring.
         let owned_capacity = node

@@ -1,0 +1,834 @@
+//! The rollout engine beyond the canary, on the real control plane: failures
+//! at a later stage, a Git revert mid-rollout, a node going NotReady during a
+//! revert, a node joining mid-rollout, quantities in thousands, a second
+//! SafeRollout on one DaemonSet, and two operator replicas with the leader
+//! killed mid-stage.
+//!
+//! The disruption budget is checked by sampling: a watch on the agent pods
+//! records, at every event, which nodes have no live Ready agent; the largest
+//! such set (leaving out the nodes whose agent failed a gate, the documented
+//! exception) must never exceed `maxUnavailable`.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus, StageState};
+use saferollout_testkit::{TestCluster, TestNamespace, cluster, wait_for_all, wait_for_object};
+use serde_json::json;
+use support::{
+    GPUS, Identity, Operator, TIMEOUT, agent_template, allocatable, condition, create_rollout,
+    free_loopback_port, http_get, image_of, install_crd, pod_ready, wait_adopted, wait_agents,
+    wait_status,
+};
+
+const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+struct Env {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+    ns: TestNamespace,
+    client: Client,
+    /// Each test advertises its own extended resource.
+    resource: String,
+}
+
+fn install(c: &TestCluster) -> anyhow::Result<()> {
+    install_crd(c)?;
+    c.kubectl(&[
+        "apply",
+        "-f",
+        &saferollout_testkit::repo_root()
+            .join("deploy/rbac.yaml")
+            .to_string_lossy(),
+    ])?;
+    Ok(())
+}
+
+async fn setup(name: &str) -> anyhow::Result<Env> {
+    let serial = SERIAL.lock().await;
+    let c = cluster();
+    install(c)?;
+    Ok(Env {
+        _serial: serial,
+        ns: c.namespace(name).await?,
+        client: c.client().await?,
+        resource: format!("example.com/gpu-{name}"),
+    })
+}
+
+/// The operator as its ServiceAccount, watching the test's namespace, with a
+/// short lease (`duration` seconds) and metrics on `metrics_port`.
+fn operator(env: &Env, log: &str, duration: u64, metrics_port: u16) -> anyhow::Result<Operator> {
+    let c = cluster();
+    let args: Vec<String> = [
+        "--namespace",
+        &env.ns.name,
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--lease-duration",
+        &duration.to_string(),
+        "--lease-grace",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Operator::start(
+        Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
+        &args,
+        &format!("{log}-{}", env.ns.name),
+    )
+}
+
+fn srs(env: &Env) -> Api<SafeRollout> {
+    Api::namespaced(env.client.clone(), &env.ns.name)
+}
+
+/// The plugin DaemonSet from `template`, waited on until every node runs it.
+async fn create_daemonset(
+    env: &Env,
+    template: serde_json::Value,
+    image: &str,
+) -> anyhow::Result<()> {
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
+        "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": template}
+    }))?;
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    wait_agents(&env.client, &env.ns.name, image).await
+}
+
+async fn set_template(env: &Env, template: serde_json::Value) -> anyhow::Result<()> {
+    srs(env)
+        .patch(
+            "plugin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template}})),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn annotate(env: &Env, key: &str, value: &str) -> anyhow::Result<()> {
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    srs(env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// Waits until every node's allocatable of the test's resource satisfies `ok`.
+async fn wait_allocatable(
+    env: &Env,
+    ok: impl Fn(&str, Option<i64>) -> bool + Send + 'static,
+) -> anyhow::Result<()> {
+    let res = env.resource.clone();
+    wait_for_all(
+        &Api::<Node>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        move |ns| ns.iter().all(|n| ok(&n.name_any(), allocatable(n, &res))),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the pod sampler saw.
+#[derive(Default, Debug)]
+struct Samples {
+    /// Per event: the nodes with no live Ready agent pod.
+    unavailable: Vec<BTreeSet<String>>,
+    /// Agent pods created (first seen after the watch started), per node, by image.
+    created: BTreeMap<(String, String), usize>,
+    /// Agent pods deleted by UID.
+    deleted: BTreeSet<String>,
+}
+
+impl Samples {
+    /// The most nodes unavailable at once, leaving `exempt` out.
+    fn max_unavailable(&self, exempt: &BTreeSet<String>) -> (usize, BTreeSet<String>) {
+        self.unavailable
+            .iter()
+            .map(|s| s.difference(exempt).cloned().collect::<BTreeSet<_>>())
+            .map(|s| (s.len(), s))
+            .max_by_key(|(n, _)| *n)
+            .unwrap_or_default()
+    }
+}
+
+/// Samples the agent pods of the test's namespace until the task is aborted.
+fn sample_pods(env: &Env, nodes: usize) -> (Arc<Mutex<Samples>>, tokio::task::JoinHandle<()>) {
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let s = samples.clone();
+    let task = tokio::spawn(async move {
+        let mut live: BTreeMap<String, Pod> = BTreeMap::new();
+        // Pods that existed before, or were already counted when first bound.
+        let mut known: BTreeSet<String> = BTreeSet::new();
+        let mut initial = true;
+        let mut stream = watcher(api, watcher::Config::default().labels("app=plugin"))
+            .default_backoff()
+            .boxed();
+        while let Ok(Some(ev)) = stream.try_next().await {
+            let mut s = s.lock().unwrap();
+            match ev {
+                watcher::Event::Init => live.clear(),
+                watcher::Event::InitApply(p) => {
+                    known.insert(p.uid().unwrap_or_default());
+                    live.insert(p.uid().unwrap_or_default(), p);
+                }
+                watcher::Event::InitDone => initial = false,
+                watcher::Event::Apply(p) => {
+                    let uid = p.uid().unwrap_or_default();
+                    let node = p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default();
+                    // Counted once, when first seen bound to its node.
+                    if !initial && !node.is_empty() && known.insert(uid.clone()) {
+                        *s.created
+                            .entry((node, image_of(&p).to_string()))
+                            .or_default() += 1;
+                    }
+                    if p.metadata.deletion_timestamp.is_some() {
+                        s.deleted.insert(uid.clone());
+                    }
+                    live.insert(uid, p);
+                }
+                watcher::Event::Delete(p) => {
+                    s.deleted.insert(p.uid().unwrap_or_default());
+                    live.remove(&p.uid().unwrap_or_default());
+                }
+            }
+            if initial {
+                continue;
+            }
+            let serving: BTreeSet<String> = live
+                .values()
+                .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .collect();
+            let all: BTreeSet<String> = (0..nodes).map(|i| format!("sim-gpu-{i}")).collect();
+            s.unavailable
+                .push(all.difference(&serving).cloned().collect());
+        }
+    });
+    (samples, task)
+}
+
+fn failed_nodes(st: &SafeRolloutStatus) -> BTreeSet<String> {
+    st.stages
+        .iter()
+        .flat_map(|s| s.failed_nodes.iter().cloned())
+        .collect()
+}
+
+/// Sets a node label for the test, removes it when dropped.
+struct NodeLabel(&'static str, &'static str);
+
+impl NodeLabel {
+    fn set(node: &'static str, key: &'static str, value: &str) -> anyhow::Result<Self> {
+        cluster().kubectl(&[
+            "label",
+            "node",
+            node,
+            &format!("{key}={value}"),
+            "--overwrite",
+        ])?;
+        Ok(NodeLabel(node, key))
+    }
+}
+
+impl Drop for NodeLabel {
+    fn drop(&mut self) {
+        let _ = cluster().kubectl(&["label", "node", self.0, &format!("{}-", self.1)]);
+    }
+}
+
+#[tokio::test]
+async fn a_failure_at_a_later_stage_is_reverted_within_the_budget() -> anyhow::Result<()> {
+    let env = setup("later").await?;
+    let _op = operator(&env, "later", 3, 0)?;
+    let (v1, bad) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-cleartaints",
+    );
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    // sim-gpu-1 has a faulty GPU: the healthy plugin leaves it out (7), a
+    // release that "launders" device health advertises all 8. The canary
+    // (sim-gpu-0) has no faulty GPU, so the release passes it and fails at the
+    // second stage, on sim-gpu-1.
+    let _faulty = NodeLabel::set("sim-gpu-1", "sim.saferollout.dev/faulty-devices", "gpu-3")?;
+    wait_allocatable(&env, |n, a| {
+        a == Some(if n == "sim-gpu-1" { GPUS - 1 } else { GPUS })
+    })
+    .await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["maxUnavailable"] = json!(1);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+
+    let (samples, task) = sample_pods(&env, 4);
+    set_template(&env, agent_template(&env.resource, bad)).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Degraded)
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v1).await?;
+    task.abort();
+
+    let blocked = &st.blocked_revisions[0];
+    assert_eq!(blocked.reason, "AboveMaximum", "{st:#?}");
+    assert!(
+        blocked.message.contains("sim-gpu-1") && blocked.message.contains("is 8, expected <= 7"),
+        "{}",
+        blocked.message
+    );
+    assert_eq!(st.stages[0].state, StageState::Passed, "the canary passed");
+    assert_eq!(
+        st.stages[1].state,
+        StageState::Failed,
+        "the second stage failed"
+    );
+    let exempt = failed_nodes(&st);
+    assert!(exempt.contains("sim-gpu-1"), "{exempt:?}");
+    let samples = samples.lock().unwrap();
+    let (most, when) = samples.max_unavailable(&exempt);
+    eprintln!("MEASURE most agents unavailable at once (failed nodes aside): {most} {when:?}");
+    assert!(most <= 1, "maxUnavailable 1 broken: {when:?} at once");
+    // Only the canary and the failing node ever ran the bad release.
+    let bad_nodes: BTreeSet<&String> = samples
+        .created
+        .keys()
+        .filter(|(_, i)| i == bad)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(bad_nodes.len(), 2, "{bad_nodes:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_git_revert_mid_rollout_honours_max_unavailable() -> anyhow::Result<()> {
+    let env = setup("gitrevert").await?;
+    let _op = operator(&env, "gitrevert", 3, 0)?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = json!([{"nodes": 1}, {"nodes": "100%"}]);
+    spec["maxUnavailable"] = json!(1);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+
+    let (samples, task) = sample_pods(&env, 4);
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    // Mid-rollout: three of the four nodes on v2.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        |ps| {
+            ps.iter()
+                .filter(|p| {
+                    image_of(p) == v2 && pod_ready(p) && p.metadata.deletion_timestamp.is_none()
+                })
+                .count()
+                >= 3
+        },
+    )
+    .await?;
+    // Git reverts spec.template to v1.
+    set_template(&env, agent_template(&env.resource, v1)).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded)
+            && st
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("every node runs"))
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v1).await?;
+    task.abort();
+    assert!(
+        st.blocked_revisions.is_empty(),
+        "an abandoned rollout blocks nothing: {st:#?}"
+    );
+    let samples = samples.lock().unwrap();
+    let (most, when) = samples.max_unavailable(&BTreeSet::new());
+    eprintln!(
+        "MEASURE most agents unavailable at once during rollout and Git revert: {most} {when:?}"
+    );
+    assert!(most <= 1, "maxUnavailable 1 broken: {when:?} at once");
+    let back: usize = samples
+        .created
+        .iter()
+        .filter(|((_, i), _)| i == v1)
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        back >= 3,
+        "the nodes that got v2 went back to v1: {:?}",
+        samples.created
+    );
+    Ok(())
+}
+
+/// Makes a node NotReady (KWOK leaves nodes with this label alone) until dropped.
+struct NotReady(&'static str);
+
+impl NotReady {
+    async fn set(client: &Client, node: &'static str) -> anyhow::Result<Self> {
+        let c = cluster();
+        c.kubectl(&[
+            "label",
+            "node",
+            node,
+            "sim.saferollout.dev/not-ready=true",
+            "--overwrite",
+        ])?;
+        let guard = NotReady(node);
+        let nodes: Api<Node> = Api::all(client.clone());
+        let n = nodes.get_status(node).await?;
+        let mut conditions = n.status.and_then(|s| s.conditions).unwrap_or_default();
+        for ready in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+            ready.status = "False".into();
+            ready.reason = Some("KubeletNotReady".into());
+            ready.message = Some("test: the node's runtime stopped".into());
+        }
+        nodes
+            .patch_status(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": conditions}})),
+            )
+            .await?;
+        // The node lifecycle controller taints it: the DaemonSet controller would not refill it.
+        wait_for_object(&nodes, node, TIMEOUT, |n| {
+            n.and_then(|n| n.spec.as_ref()?.taints.as_ref())
+                .is_some_and(|ts| {
+                    ts.iter().any(|t| {
+                        t.key == "node.kubernetes.io/not-ready" && t.effect == "NoSchedule"
+                    })
+                })
+        })
+        .await?;
+        Ok(guard)
+    }
+}
+
+impl Drop for NotReady {
+    fn drop(&mut self) {
+        // KWOK's node-initialize stage sets it Ready again.
+        let _ = cluster().kubectl(&["label", "node", self.0, "sim.saferollout.dev/not-ready-"]);
+    }
+}
+
+async fn wait_node_ready(client: &Client, node: &str) -> anyhow::Result<()> {
+    wait_for_object(&Api::<Node>::all(client.clone()), node, TIMEOUT, |n| {
+        let ready = n
+            .and_then(|n| n.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let tainted = n
+            .and_then(|n| n.spec.as_ref()?.taints.as_ref())
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key.starts_with("node.kubernetes.io/not-ready"))
+            });
+        ready && !tainted
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_made_not_ready_during_a_revert_is_named_and_not_emptied() -> anyhow::Result<()> {
+    let env = setup("notready").await?;
+    let _op = operator(&env, "notready", 3, 0)?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = json!([{"nodes": 1, "pause": true}, {"nodes": "100%"}]);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    let paused = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Paused)
+    })
+    .await?;
+    let canary = paused.stages[0].nodes[0].clone();
+    let canary: &'static str = Box::leak(canary.into_boxed_str());
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let on_canary = |ps: &[Arc<Pod>]| {
+        ps.iter()
+            .find(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(canary)
+                    && image_of(p) == v2
+            })
+            .cloned()
+    };
+    let before = wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        |ps| on_canary(ps).is_some(),
+    )
+    .await?;
+    let canary_pod = on_canary(&before).expect("the canary runs v2");
+
+    // The canary's node goes NotReady, then a person aborts the rollout.
+    let not_ready = NotReady::set(&env.client, canary).await?;
+    annotate(
+        &env,
+        "saferollout.dev/abort",
+        paused.target_revision.as_deref().unwrap_or_default(),
+    )
+    .await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Degraded) && st.stuck_nodes.iter().any(|n| n.node == canary)
+    })
+    .await?;
+    let ready = condition(&st, "Ready").unwrap();
+    assert!(
+        ready.message.contains(canary) && ready.message.contains("not-ready"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        condition(&st, "Stalled").is_some_and(|c| c.status == "True"),
+        "{st:#?}"
+    );
+    // Every other node is back on v1; the NotReady node was not emptied.
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        |ps| {
+            ps.iter()
+                .filter(|p| {
+                    p.metadata.deletion_timestamp.is_none() && image_of(p) == v1 && pod_ready(p)
+                })
+                .count()
+                == 3
+        },
+    )
+    .await?;
+    let still = pods.get(&canary_pod.name_any()).await?;
+    assert_eq!(
+        still.uid(),
+        canary_pod.uid(),
+        "the canary's pod is the same pod"
+    );
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "the NotReady node's agent was not deleted"
+    );
+
+    // The node recovers: it is reverted too and nothing is stuck any more.
+    drop(not_ready);
+    wait_node_ready(&env.client, canary).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Degraded)
+            && st.stuck_nodes.is_empty()
+            && condition(st, "Ready").is_some_and(|c| c.reason == "RolledBack")
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v1).await?;
+    assert_eq!(st.blocked_revisions[0].reason, "Aborted");
+    Ok(())
+}
+
+/// Creates a simulated GPU node like `tests/cluster/up` does; deletes it when dropped.
+struct ExtraNode(&'static str);
+
+impl ExtraNode {
+    async fn create(client: &Client, name: &'static str, zone: &str) -> anyhow::Result<Self> {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok",
+                "topology.kubernetes.io/zone": zone,
+                "sim.saferollout.dev/devices": GPUS.to_string(), "example.com/gpu.count": GPUS.to_string()},
+                "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "status": {"capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                       "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"}}
+        }))?;
+        Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await?;
+        Ok(ExtraNode(name))
+    }
+}
+
+impl Drop for ExtraNode {
+    fn drop(&mut self) {
+        let _ = cluster().kubectl(&["delete", "node", self.0, "--wait=false"]);
+    }
+}
+
+#[tokio::test]
+async fn a_node_joining_mid_rollout_is_judged_with_the_current_stage() -> anyhow::Result<()> {
+    let env = setup("join").await?;
+    let _op = operator(&env, "join", 3, 0)?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = json!([{"nodes": 1, "pause": true}, {"nodes": "100%"}]);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    let paused = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Paused)
+    })
+    .await?;
+
+    // A node joins: the DaemonSet controller gives it the template it has now (v2).
+    let _node = ExtraNode::create(&env.client, "sim-gpu-joined", "zone-b").await?;
+    let joined = Instant::now();
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Paused)
+            && st.stages[0].nodes.iter().any(|n| n == "sim-gpu-joined")
+            && st.stages[0]
+                .gates
+                .iter()
+                .any(|g| g.gate == "podsReady" && g.message.starts_with("2/2"))
+            && st.stages[0]
+                .gates
+                .iter()
+                .all(|g| g.status == saferollout_api::GateStatus::Passed)
+    })
+    .await?;
+    eprintln!(
+        "MEASURE node joined -> judged with stage 1: {:?}",
+        joined.elapsed()
+    );
+    assert!(
+        !st.stages[0].baseline.contains_key("sim-gpu-joined"),
+        "a new node has no before"
+    );
+    annotate(
+        &env,
+        "saferollout.dev/approve",
+        &format!(
+            "{}:0",
+            paused.target_revision.as_deref().unwrap_or_default()
+        ),
+    )
+    .await?;
+    wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision == st.target_revision
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v2).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_resource_counted_in_thousands_rolls_and_gates() -> anyhow::Result<()> {
+    let env = setup("kilo").await?;
+    let _op = operator(&env, "kilo", 3, 0)?;
+    // Like Intel's gpu.intel.com/millicores: 1000 units per GPU, "8k" per node.
+    let template = |image: &str| {
+        let mut t = agent_template(&env.resource, image);
+        t["metadata"]["annotations"]["sim.saferollout.dev/units-per-device"] = json!("1000");
+        t
+    };
+    let (v1, v2, bad) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2",
+        "registry.example/plugin:v3-broken",
+    );
+    create_daemonset(&env, template(v1), v1).await?;
+    wait_allocatable(&env, |_, a| a == Some(8000)).await?;
+    let node = Api::<Node>::all(env.client.clone())
+        .get("sim-gpu-0")
+        .await?;
+    let shown = node.status.unwrap().allocatable.unwrap()[&env.resource]
+        .0
+        .clone();
+    assert_eq!(shown, "8k", "the API server writes 8000 as 8k");
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["template"] = template(v1);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+
+    set_template(&env, template(v2)).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    assert_eq!(
+        st.stages[0].baseline.values().next().unwrap()[&env.resource],
+        8000
+    );
+
+    set_template(&env, template(bad)).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Degraded)
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v2).await?;
+    let b = &st.blocked_revisions[0];
+    assert_eq!(b.reason, "BelowMinimum");
+    assert!(
+        b.message.contains("is 0, expected >= 8000"),
+        "{}",
+        b.message
+    );
+    assert_eq!(
+        st.stages.iter().flat_map(|s| s.nodes.iter()).count(),
+        1,
+        "caught at the canary"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_second_saferollout_on_the_same_daemonset_is_refused() -> anyhow::Result<()> {
+    let env = setup("conflict").await?;
+    let _op = operator(&env, "conflict", 3, 0)?;
+    let v1 = "registry.example/plugin:v1";
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        support::default_spec(&env.resource, v1),
+    )
+    .await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    let mut second = support::default_spec(&env.resource, "registry.example/plugin:v2");
+    second["stages"] = json!([{"nodes": "100%"}]);
+    create_rollout(&env.client, &env.ns.name, "second", second).await?;
+    let st = wait_status(&env.client, &env.ns.name, "second", TIMEOUT, |st| {
+        condition(st, "Ready").is_some_and(|c| c.reason == "TargetConflict")
+    })
+    .await?;
+    let ready = condition(&st, "Ready").unwrap();
+    assert!(
+        ready.message.contains("\"plugin\""),
+        "names the owner: {}",
+        ready.message
+    );
+    assert!(condition(&st, "Stalled").is_some_and(|c| c.status == "True"));
+    assert!(
+        st.stable_revision.is_none() && st.original_update_strategy.is_none(),
+        "touched nothing: {st:#?}"
+    );
+    // Nothing changed: every agent still runs v1, the owner is still Succeeded.
+    wait_agents(&env.client, &env.ns.name, v1).await?;
+    let owner = srs(&env).get("plugin").await?.status.unwrap_or_default();
+    assert_eq!(owner.phase, Some(Phase::Succeeded));
+    Ok(())
+}
+
+/// `saferollout_leader` of the operator serving metrics on `port`.
+fn is_leader(port: u16) -> Option<bool> {
+    let (code, body) = http_get(port, "/metrics").ok()?;
+    (code == 200).then(|| body.lines().any(|l| l == "saferollout_leader 1"))
+}
+
+#[tokio::test]
+async fn a_killed_leader_is_replaced_within_the_lease_duration_and_no_pod_is_deleted_twice()
+-> anyhow::Result<()> {
+    let env = setup("failover").await?;
+    const LEASE: u64 = 5;
+    let ports = [free_loopback_port()?, free_loopback_port()?];
+    let mut a = operator(&env, "failover-a", LEASE, ports[0])?;
+    let mut b = operator(&env, "failover-b", LEASE, ports[1])?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] =
+        json!([{"nodes": 1, "soak": "2s"}, {"nodes": 2, "soak": "4s"}, {"nodes": "100%"}]);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    let leaders: Vec<Option<bool>> = ports.iter().map(|p| is_leader(*p)).collect();
+    assert_eq!(
+        leaders.iter().filter(|l| **l == Some(true)).count(),
+        1,
+        "exactly one leader: {leaders:?}"
+    );
+    let (leader, follower) = if leaders[0] == Some(true) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    let follower_port = if leaders[0] == Some(true) {
+        ports[1]
+    } else {
+        ports[0]
+    };
+    // The follower is ready too (caches synced, lease state known), but does not lead.
+    assert_eq!(http_get(follower_port, "/readyz")?.0, 200);
+
+    let (samples, task) = sample_pods(&env, 4);
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.current_stage == Some(1) && st.stages.len() == 2
+    })
+    .await?;
+    // SIGKILL: no graceful release of the lease.
+    leader.kill();
+    let killed = Instant::now();
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), "saferollout-system");
+    let old_holder = leases
+        .get("saferollout-operator")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity);
+    wait_for_object(
+        &leases,
+        "saferollout-operator",
+        Duration::from_secs(LEASE + 30),
+        |l| {
+            let holder = l.and_then(|l| l.spec.as_ref()?.holder_identity.clone());
+            holder.is_some() && holder != old_holder
+        },
+    )
+    .await?;
+    let took_over = killed.elapsed();
+    eprintln!("MEASURE leader killed -> lease taken over: {took_over:?} (lease duration {LEASE}s)");
+    assert!(
+        took_over <= Duration::from_secs(LEASE + 2),
+        "took {took_over:?}"
+    );
+    assert!(follower.is_running());
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v2).await?;
+    task.abort();
+    assert!(st.blocked_revisions.is_empty());
+    let samples = samples.lock().unwrap();
+    // Every node got exactly one v2 pod: no node was replaced twice.
+    let per_node: BTreeMap<&String, usize> = samples
+        .created
+        .iter()
+        .filter(|((_, i), _)| i == v2)
+        .map(|((n, _), c)| (n, *c))
+        .collect();
+    assert_eq!(per_node.len(), 4, "{per_node:?}");
+    assert!(
+        per_node.values().all(|c| *c == 1),
+        "a node was replaced twice: {per_node:?}"
+    );
+    let (most, when) = samples.max_unavailable(&BTreeSet::new());
+    assert!(
+        most <= 1,
+        "maxUnavailable 1 broken across the failover: {when:?}"
+    );
+    Ok(())
+}
