@@ -6,7 +6,7 @@
 //! (stage labels live on nodes), so they run one at a time.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,117 +17,67 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus};
-use saferollout_testkit::{
-    TestCluster, TestNamespace, cluster, repo_root, wait_for_all, wait_for_object,
-};
+use saferollout_testkit::{TestNamespace, cluster, repo_root, wait_for_all, wait_for_object};
 use serde_json::json;
 
-const GPUS: i64 = 8;
+mod support;
+
+use support::{GPUS, Identity, TIMEOUT, allocatable, condition, image_of, pod_ready};
+
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
-const TIMEOUT: Duration = Duration::from_secs(120);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The operator binary, running as a child process against the test cluster.
-struct Operator {
-    child: Child,
-    ns: String,
-}
-
-impl Operator {
-    fn start(c: &TestCluster, ns: &str) -> anyhow::Result<Self> {
-        let log = std::env::temp_dir().join(format!("saferollout-operator-{ns}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"))
-            .args(["--namespace", ns, "--metrics-addr", "127.0.0.1:0"])
-            // The lease of deploy/rbac.yaml, held briefly: a killed operator of
-            // an earlier test holds the next one back for 3 s at most.
-            .args(["--lease-duration", "3", "--lease-grace", "1"])
-            .env("KUBECONFIG", c.kubeconfig())
-            // Least privilege, proven: the operator acts as the ServiceAccount
-            // of deploy/rbac.yaml, not as the cluster admin.
-            .env("KUBE_RS_DEBUG_IMPERSONATE_USER", OPERATOR_SA)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::from(file.try_clone()?))
-            .stderr(Stdio::from(file))
-            .spawn()?;
-        eprintln!("operator for {ns} logs to {}", log.display());
-        Ok(Operator {
-            child,
-            ns: ns.into(),
-        })
-    }
-
-    /// SIGKILL: no graceful shutdown, as when a node dies.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn restart(&mut self) -> anyhow::Result<()> {
-        self.kill();
-        *self = Operator::start(cluster(), &self.ns)?;
-        Ok(())
-    }
-
-    fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Operator {
-    /// SIGTERM first, so the operator gives its leader lease up and the next
-    /// test's operator takes it at once; SIGKILL if it has not exited in 5 s.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.kill();
-    }
+/// The operator binary as the ServiceAccount of deploy/rbac.yaml (least
+/// privilege, proven), watching only the test's namespace, with the lease of
+/// deploy/rbac.yaml held briefly: a killed operator of an earlier test holds
+/// the next one back for 3 s at most.
+fn start_operator(ns: &str) -> anyhow::Result<support::Operator> {
+    let args: Vec<String> = [
+        "--namespace",
+        ns,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--lease-duration",
+        "3",
+        "--lease-grace",
+        "1",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    support::Operator::start(
+        Identity::Impersonate(cluster().kubeconfig(), OPERATOR_SA),
+        &args,
+        ns,
+    )
 }
 
 struct Env {
     _serial: tokio::sync::MutexGuard<'static, ()>,
     ns: TestNamespace,
     client: Client,
-    op: Operator,
+    op: support::Operator,
     /// Each test advertises its own extended resource, so one test's
     /// leftovers never satisfy another's gate.
     resource: String,
 }
 
-/// Installs the CRD and the operator's RBAC from deploy/, as a user would.
-fn install(c: &TestCluster) -> anyhow::Result<()> {
-    for f in ["deploy/crd.yaml", "deploy/rbac.yaml"] {
-        c.kubectl(&[
-            "apply",
-            "--server-side",
-            "-f",
-            &repo_root().join(f).to_string_lossy(),
-        ])?;
+impl Env {
+    /// SIGKILL and start again, as when the operator's node dies.
+    fn restart_operator(&mut self) -> anyhow::Result<()> {
+        self.op.kill();
+        self.op = start_operator(&self.ns.name)?;
+        Ok(())
     }
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/saferollouts.saferollout.dev",
-        "--timeout=60s",
-    ])?;
-    Ok(())
 }
 
 async fn setup(name: &str) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();
-    install(c)?;
+    support::install(c)?;
     let ns = c.namespace(name).await?;
     let client = c.client().await?;
-    let op = Operator::start(c, &ns.name)?;
+    let op = start_operator(&ns.name)?;
     Ok(Env {
         _serial: serial,
         resource: format!("example.com/gpu-{name}"),
@@ -138,45 +88,15 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
 }
 
 fn agent_template(env: &Env, image: &str) -> serde_json::Value {
-    json!({
-        "metadata": {
-            "labels": {"app": "plugin", "sim.saferollout.dev/agent": "device-plugin"},
-            "annotations": {"sim.saferollout.dev/resource": env.resource}
-        },
-        "spec": {"containers": [{"name": "plugin", "image": image}]}
-    })
+    support::agent_template(&env.resource, image)
 }
 
 async fn create_plugin_daemonset(env: &Env, image: &str) -> anyhow::Result<()> {
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
-        "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": agent_template(env, image)}
-    }))?;
-    Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
-        .create(&PostParams::default(), &ds)
-        .await?;
-    wait_all_pods(env, |ps| {
-        ps.len() == 4 && ps.iter().all(|p| pod_ready(p) && image_of(p) == image)
-    })
-    .await?;
-    let res = env.resource.clone();
-    wait_for_all(
-        &Api::<Node>::all(env.client.clone()),
-        watcher::Config::default(),
-        TIMEOUT,
-        move |ns| ns.iter().all(|n| allocatable(n, &res) == Some(GPUS)),
-    )
-    .await?;
-    Ok(())
+    support::create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, image).await
 }
 
 async fn create_rollout(env: &Env, spec: serde_json::Value) -> anyhow::Result<()> {
-    let sr: SafeRollout = serde_json::from_value(json!({
-        "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
-        "metadata": {"name": "plugin"}, "spec": spec
-    }))?;
-    srs(env).create(&PostParams::default(), &sr).await?;
-    Ok(())
+    support::create_rollout(&env.client, &env.ns.name, "plugin", spec).await
 }
 
 fn srs(env: &Env) -> Api<SafeRollout> {
@@ -184,13 +104,7 @@ fn srs(env: &Env) -> Api<SafeRollout> {
 }
 
 fn default_spec(env: &Env, image: &str) -> serde_json::Value {
-    json!({
-        "targetRef": {"name": "plugin"},
-        "template": agent_template(env, image),
-        "stages": [{"nodes": 1}, {"nodes": "50%"}, {"nodes": "100%"}],
-        "progressDeadline": "3m",
-        "gates": {"allocatable": [{"resource": env.resource, "min": "baseline", "max": "baseline", "soak": "2s"}]}
-    })
+    support::default_spec(&env.resource, image)
 }
 
 async fn wait_all_pods(
@@ -219,34 +133,7 @@ async fn wait_status(
     timeout: Duration,
     done: impl Fn(&SafeRolloutStatus) -> bool,
 ) -> anyhow::Result<SafeRolloutStatus> {
-    let sr = wait_for_object(&srs(env), "plugin", timeout, |sr| {
-        sr.and_then(|s| s.status.as_ref()).is_some_and(&done)
-    })
-    .await?
-    .expect("exists");
-    Ok(sr.status.unwrap())
-}
-
-fn condition<'a>(
-    st: &'a SafeRolloutStatus,
-    type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    st.conditions.iter().find(|c| c.type_ == type_)
-}
-
-fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn image_of(p: &Pod) -> &str {
-    p.spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.as_deref())
-        .unwrap_or("")
+    support::wait_status(&env.client, &env.ns.name, "plugin", timeout, done).await
 }
 
 fn node_of(p: &Pod) -> String {
@@ -254,17 +141,6 @@ fn node_of(p: &Pod) -> String {
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default()
-}
-
-fn allocatable(n: &Node, res: &str) -> Option<i64> {
-    n.status
-        .as_ref()?
-        .allocatable
-        .as_ref()?
-        .get(res)?
-        .0
-        .parse()
-        .ok()
 }
 
 /// Everything a test watches while the operator works, recorded with etcd
@@ -400,11 +276,7 @@ async fn wait_unlabelled(env: &Env) -> anyhow::Result<()> {
 }
 
 async fn set_template_image(env: &Env, image: &str) -> anyhow::Result<()> {
-    let patch = json!({"spec": {"template": agent_template(env, image)}});
-    srs(env)
-        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
-        .await?;
-    Ok(())
+    support::set_template_image(&env.client, &env.ns.name, "plugin", &env.resource, image).await
 }
 
 async fn wait_settled_healthy(env: &Env, image: &str) -> anyhow::Result<SafeRolloutStatus> {
@@ -645,7 +517,7 @@ async fn operator_killed_mid_stage_resumes_without_repeating_or_skipping() -> an
     .await?;
     env.op.kill();
     assert!(!env.op.is_running());
-    env.op.restart()?;
+    env.restart_operator()?;
     let st = wait_status(&env, TIMEOUT, |st| {
         st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
     })
@@ -724,7 +596,7 @@ async fn missing_target_is_a_condition_not_a_crash() -> anyhow::Result<()> {
 async fn malformed_saferollouts_are_rejected_naming_the_field() -> anyhow::Result<()> {
     let c = cluster();
     let _serial = SERIAL.lock().await;
-    install(c)?;
+    support::install(c)?;
     let ns = c.namespace("malformed").await?;
     let dir = repo_root().join("tests/malformed");
     let mut files: Vec<_> = std::fs::read_dir(&dir)?

@@ -22,12 +22,11 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus, StageState};
-use saferollout_testkit::{TestCluster, TestNamespace, cluster, wait_for_all, wait_for_object};
+use saferollout_testkit::{TestNamespace, cluster, wait_for_all, wait_for_object};
 use serde_json::json;
 use support::{
     GPUS, Identity, Operator, TIMEOUT, agent_template, allocatable, condition, create_rollout,
-    free_loopback_port, http_get, image_of, install_crd, pod_ready, wait_adopted, wait_agents,
-    wait_status,
+    free_loopback_port, http_get, image_of, pod_ready, wait_adopted, wait_agents, wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -41,22 +40,10 @@ struct Env {
     resource: String,
 }
 
-fn install(c: &TestCluster) -> anyhow::Result<()> {
-    install_crd(c)?;
-    c.kubectl(&[
-        "apply",
-        "-f",
-        &saferollout_testkit::repo_root()
-            .join("deploy/rbac.yaml")
-            .to_string_lossy(),
-    ])?;
-    Ok(())
-}
-
 async fn setup(name: &str) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();
-    install(c)?;
+    support::install(c)?;
     Ok(Env {
         _serial: serial,
         ns: c.namespace(name).await?,

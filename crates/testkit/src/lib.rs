@@ -179,6 +179,7 @@ impl TestCluster {
             state_dir: state_dir.clone(),
         })?;
         spawn_reaper(&state_dir)?;
+        keep_cluster_on_failure(&state_dir, &proc.kubeconfig);
         Ok(Self {
             kubeconfig: proc.kubeconfig,
             state_dir: Some(state_dir),
@@ -262,15 +263,55 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// Where the cluster of a test binary in which a test failed is kept: its
+/// logs and a dump of the objects tests work on, for whoever reads the failure.
+pub fn kept_dir(state_dir: &Path) -> PathBuf {
+    let name = state_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    std::env::temp_dir().join("saferollout-failed").join(name)
+}
+
+/// Marker file: a test of this process failed, keep the cluster's logs.
+const FAILED_MARKER: &str = "FAILED";
+
+/// On the first failing test (a panic), dumps the cluster's objects into the
+/// state directory and marks it to be kept; says where on stderr.
+fn keep_cluster_on_failure(state_dir: &Path, kubeconfig: &Path) {
+    let (state_dir, kubeconfig) = (state_dir.to_path_buf(), kubeconfig.to_path_buf());
+    let previous = std::panic::take_hook();
+    let once = std::sync::Once::new();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        once.call_once(|| {
+            let _ = std::fs::write(state_dir.join(FAILED_MARKER), info.to_string());
+            let kinds = "nodes,pods,daemonsets,controllerrevisions,saferollouts,leases,events";
+            if let Ok(dump) = kubectl(&kubeconfig, &["get", kinds, "-A", "-o", "yaml"]) {
+                let _ = std::fs::write(state_dir.join("objects.yaml"), dump);
+            }
+            eprintln!(
+                "a test failed: the cluster's logs and objects will be kept in {} once this test binary exits",
+                kept_dir(&state_dir).display()
+            );
+        });
+    }));
+}
+
 /// Stops the cluster in `state_dir` once this process has exited: Rust runs no
-/// destructors for statics, so a detached watcher does it.
+/// destructors for statics, so a detached watcher does it. When a test failed,
+/// the logs and state are copied to [`kept_dir`] first.
 fn spawn_reaper(state_dir: &Path) -> anyhow::Result<()> {
     let down = repo_root().join("tests/cluster/down");
+    let keep = kept_dir(state_dir);
     let script = format!(
-        "tail --pid={pid} -f /dev/null; exec {down} --state-dir {dir}",
+        "tail --pid={pid} -f /dev/null; \
+         if [ -e {dir}/{FAILED_MARKER} ]; then mkdir -p {keep} && cp -r {dir}/. {keep}/ 2>/dev/null; rm -rf {keep}/etcd; fi; \
+         exec {down} --state-dir {dir}",
         pid = std::process::id(),
         down = shell_quote(&down.to_string_lossy()),
         dir = shell_quote(&state_dir.to_string_lossy()),
+        keep = shell_quote(&keep.to_string_lossy()),
     );
     Command::new("setsid")
         .args(["sh", "-c", &script])

@@ -893,7 +893,7 @@ impl Model {
         );
     }
 
-    /// Everything of the cluster a watch would report a change of.
+    /// What of the cluster a settled rollout would react to.
     fn fingerprint(&self) -> String {
         let c = &self.cluster;
         let pods: Vec<_> = c
@@ -913,7 +913,9 @@ impl Model {
         let nodes: Vec<_> = c
             .nodes
             .values()
-            .map(|n| (&n.name, &n.labels, n.ready, &n.allocatable))
+            // Not allocatable: a flapping plugin that became stable changes it
+            // forever, and a rollout that watches it has a timer pending anyway.
+            .map(|n| (&n.name, &n.labels, n.ready))
             .collect();
         format!(
             "{:?}{:?}{:?}{:?}{:?}",

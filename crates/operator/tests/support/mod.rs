@@ -1,6 +1,6 @@
-//! Helpers shared by the chart, alert and GitOps tests (small ones copied
-//! from e2e.rs, which keeps its own): the tools of tests/tools/build-bins,
-//! the operator as a child process, the simulated plugin and its rollout.
+//! Helpers shared by the integration tests of the operator: the tools of
+//! tests/tools/build-bins, the operator as a child process, the simulated
+//! plugin and its rollout.
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::io::{Read, Write};
@@ -76,6 +76,18 @@ pub fn install_crd(c: &TestCluster) -> anyhow::Result<()> {
         "--for=condition=Established",
         "crd/saferollouts.saferollout.dev",
         "--timeout=60s",
+    ])?;
+    Ok(())
+}
+
+/// Installs the CRD and the operator's RBAC from deploy/, as a user would.
+pub fn install(c: &TestCluster) -> anyhow::Result<()> {
+    install_crd(c)?;
+    c.kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &repo_root().join("deploy/rbac.yaml").to_string_lossy(),
     ])?;
     Ok(())
 }
