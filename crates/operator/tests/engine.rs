@@ -12,21 +12,21 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus, StageState};
 use saferollout_testkit::{TestNamespace, cluster, wait_for_all, wait_for_object};
 use serde_json::json;
 use support::{
     GPUS, Identity, Operator, TIMEOUT, agent_template, allocatable, condition, create_rollout,
-    free_loopback_port, http_get, image_of, pod_ready, wait_adopted, wait_agents, wait_status,
+    free_loopback_port, http_get, image_of, pod_ready, sample_pods, wait_adopted, wait_agents,
+    wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -131,88 +131,9 @@ async fn wait_allocatable(
     Ok(())
 }
 
-/// What the pod sampler saw.
-#[derive(Default, Debug)]
-struct Samples {
-    /// Per event: the nodes with no live Ready agent pod.
-    unavailable: Vec<BTreeSet<String>>,
-    /// Agent pods created (first seen after the watch started), per node, by image.
-    created: BTreeMap<(String, String), usize>,
-    /// Agent pods deleted by UID.
-    deleted: BTreeSet<String>,
-}
-
-impl Samples {
-    /// The most nodes unavailable at once, leaving `exempt` out.
-    fn max_unavailable(&self, exempt: &BTreeSet<String>) -> (usize, BTreeSet<String>) {
-        self.unavailable
-            .iter()
-            .map(|s| s.difference(exempt).cloned().collect::<BTreeSet<_>>())
-            .map(|s| (s.len(), s))
-            .max_by_key(|(n, _)| *n)
-            .unwrap_or_default()
-    }
-}
-
-/// Samples the agent pods of the test's namespace until the task is aborted.
-fn sample_pods(env: &Env, nodes: usize) -> (Arc<Mutex<Samples>>, tokio::task::JoinHandle<()>) {
-    let samples = Arc::new(Mutex::new(Samples::default()));
-    let api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
-    let s = samples.clone();
-    let task = tokio::spawn(async move {
-        let mut live: BTreeMap<String, Pod> = BTreeMap::new();
-        // Pods that existed before, or were already counted when first bound.
-        let mut known: BTreeSet<String> = BTreeSet::new();
-        let mut initial = true;
-        let mut stream = watcher(api, watcher::Config::default().labels("app=plugin"))
-            .default_backoff()
-            .boxed();
-        while let Ok(Some(ev)) = stream.try_next().await {
-            let mut s = s.lock().unwrap();
-            match ev {
-                watcher::Event::Init => live.clear(),
-                watcher::Event::InitApply(p) => {
-                    known.insert(p.uid().unwrap_or_default());
-                    live.insert(p.uid().unwrap_or_default(), p);
-                }
-                watcher::Event::InitDone => initial = false,
-                watcher::Event::Apply(p) => {
-                    let uid = p.uid().unwrap_or_default();
-                    let node = p
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default();
-                    // Counted once, when first seen bound to its node.
-                    if !initial && !node.is_empty() && known.insert(uid.clone()) {
-                        *s.created
-                            .entry((node, image_of(&p).to_string()))
-                            .or_default() += 1;
-                    }
-                    if p.metadata.deletion_timestamp.is_some() {
-                        s.deleted.insert(uid.clone());
-                    }
-                    live.insert(uid, p);
-                }
-                watcher::Event::Delete(p) => {
-                    s.deleted.insert(p.uid().unwrap_or_default());
-                    live.remove(&p.uid().unwrap_or_default());
-                }
-            }
-            if initial {
-                continue;
-            }
-            let serving: BTreeSet<String> = live
-                .values()
-                .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
-                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
-                .collect();
-            let all: BTreeSet<String> = (0..nodes).map(|i| format!("sim-gpu-{i}")).collect();
-            s.unavailable
-                .push(all.difference(&serving).cloned().collect());
-        }
-    });
-    (samples, task)
+/// The test cluster's nodes.
+fn four_nodes() -> Vec<String> {
+    (0..4).map(|i| format!("sim-gpu-{i}")).collect()
 }
 
 fn failed_nodes(st: &SafeRolloutStatus) -> BTreeSet<String> {
@@ -267,7 +188,7 @@ async fn a_failure_at_a_later_stage_is_reverted_within_the_budget() -> anyhow::R
     create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
     wait_adopted(&env.client, &env.ns.name, "plugin").await?;
 
-    let (samples, task) = sample_pods(&env, 4);
+    let (samples, task) = sample_pods(&env.client, &env.ns.name, four_nodes());
     set_template(&env, agent_template(&env.resource, bad)).await?;
     let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
         st.phase == Some(Phase::Degraded)
@@ -318,7 +239,7 @@ async fn a_git_revert_mid_rollout_honours_max_unavailable() -> anyhow::Result<()
     create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
     wait_adopted(&env.client, &env.ns.name, "plugin").await?;
 
-    let (samples, task) = sample_pods(&env, 4);
+    let (samples, task) = sample_pods(&env.client, &env.ns.name, four_nodes());
     set_template(&env, agent_template(&env.resource, v2)).await?;
     // Mid-rollout: three of the four nodes on v2.
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
@@ -760,7 +681,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration_and_no_pod_is_del
     // The follower is ready too (caches synced, lease state known), but does not lead.
     assert_eq!(http_get(follower_port, "/readyz")?.0, 200);
 
-    let (samples, task) = sample_pods(&env, 4);
+    let (samples, task) = sample_pods(&env.client, &env.ns.name, four_nodes());
     set_template(&env, agent_template(&env.resource, v2)).await?;
     wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
         st.current_stage == Some(1) && st.stages.len() == 2

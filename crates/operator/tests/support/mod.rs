@@ -3,18 +3,20 @@
 //! plugin and its rollout.
 #![allow(dead_code)] // each test binary uses a different part
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use saferollout_api::{SafeRollout, SafeRolloutStatus};
 use saferollout_testkit::{TestCluster, repo_root, wait_for_all, wait_for_object};
@@ -409,4 +411,93 @@ pub async fn agent_pod_names(client: &Client, ns: &str) -> anyhow::Result<Vec<St
         .collect();
     names.sort();
     Ok(names)
+}
+
+/// What the pod sampler saw.
+#[derive(Default, Debug)]
+pub struct Samples {
+    /// Per event: the nodes with no live Ready agent pod.
+    pub unavailable: Vec<BTreeSet<String>>,
+    /// Agent pods created (first seen after the watch started), per node, by image.
+    pub created: BTreeMap<(String, String), usize>,
+    /// Agent pods deleted by UID.
+    pub deleted: BTreeSet<String>,
+}
+
+impl Samples {
+    /// The most nodes unavailable at once, leaving `exempt` out.
+    pub fn max_unavailable(&self, exempt: &BTreeSet<String>) -> (usize, BTreeSet<String>) {
+        self.unavailable
+            .iter()
+            .map(|s| s.difference(exempt).cloned().collect::<BTreeSet<_>>())
+            .map(|s| (s.len(), s))
+            .max_by_key(|(n, _)| *n)
+            .unwrap_or_default()
+    }
+}
+
+/// Samples the agent pods (`app=plugin`) of `ns` until the task is aborted;
+/// `nodes` are the nodes that should each run one.
+pub fn sample_pods(
+    client: &Client,
+    ns: &str,
+    nodes: Vec<String>,
+) -> (Arc<Mutex<Samples>>, tokio::task::JoinHandle<()>) {
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let s = samples.clone();
+    let task = tokio::spawn(async move {
+        let mut live: BTreeMap<String, Pod> = BTreeMap::new();
+        // Pods that existed before, or were already counted when first bound.
+        let mut known: BTreeSet<String> = BTreeSet::new();
+        let mut initial = true;
+        let mut stream = watcher(api, watcher::Config::default().labels("app=plugin"))
+            .default_backoff()
+            .boxed();
+        while let Ok(Some(ev)) = stream.try_next().await {
+            let mut s = s.lock().unwrap();
+            match ev {
+                watcher::Event::Init => live.clear(),
+                watcher::Event::InitApply(p) => {
+                    known.insert(p.uid().unwrap_or_default());
+                    live.insert(p.uid().unwrap_or_default(), p);
+                }
+                watcher::Event::InitDone => initial = false,
+                watcher::Event::Apply(p) => {
+                    let uid = p.uid().unwrap_or_default();
+                    let node = p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default();
+                    // Counted once, when first seen bound to its node.
+                    if !initial && !node.is_empty() && known.insert(uid.clone()) {
+                        *s.created
+                            .entry((node, image_of(&p).to_string()))
+                            .or_default() += 1;
+                    }
+                    if p.metadata.deletion_timestamp.is_some() {
+                        s.deleted.insert(uid.clone());
+                    }
+                    live.insert(uid, p);
+                }
+                watcher::Event::Delete(p) => {
+                    s.deleted.insert(p.uid().unwrap_or_default());
+                    live.remove(&p.uid().unwrap_or_default());
+                }
+            }
+            if initial {
+                continue;
+            }
+            let serving: BTreeSet<String> = live
+                .values()
+                .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .collect();
+            let all: BTreeSet<String> = nodes.iter().cloned().collect();
+            s.unavailable
+                .push(all.difference(&serving).cloned().collect());
+        }
+    });
+    (samples, task)
 }
