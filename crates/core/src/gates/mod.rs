@@ -14,7 +14,10 @@
 //! deadline passes, every gate still pending fails.
 
 pub mod allocatable;
+pub mod evidence;
 pub mod pods_ready;
+
+pub use evidence::Evidence;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -40,6 +43,8 @@ pub struct Snapshot<'a> {
     pub without_progress: Duration,
     /// `spec.progressDeadline`.
     pub progress_deadline: Duration,
+    /// What the other gates observe.
+    pub evidence: &'a Evidence<'a>,
     pub now: Timestamp,
 }
 
@@ -294,6 +299,7 @@ pub(crate) mod test_support {
                 baseline: &self.baseline,
                 without_progress: self.without_progress,
                 progress_deadline: Duration::from_secs(600),
+                evidence: &Evidence::default(),
                 now: self.now,
             };
             f(&snap)

@@ -104,6 +104,8 @@ pub struct Observed<'a> {
     pub nodes: &'a NodesByName<'a>,
     /// This SafeRollout's value of the `saferollout.dev/rollout` node label.
     pub rollout_id: &'a str,
+    /// What the gates beyond podsReady and allocatable observe.
+    pub evidence: &'a crate::gates::Evidence<'a>,
     pub now: Timestamp,
 }
 

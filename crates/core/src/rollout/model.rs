@@ -616,6 +616,7 @@ impl Model {
             pods: &pods,
             nodes: &node_views,
             rollout_id: ROLLOUT_ID,
+            evidence: &crate::gates::Evidence::default(),
             now: self.now,
         };
         decide(&o)

@@ -106,6 +106,7 @@ pub(super) fn roll(
         baseline: &baseline,
         without_progress,
         progress_deadline: deadline,
+        evidence: o.evidence,
         now: o.now,
     };
     let verdicts = gates::evaluate_all(o.spec, &snapshot, &st.stages[stage_pos].gates);

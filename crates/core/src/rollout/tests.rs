@@ -701,6 +701,7 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         pods: &pods,
         nodes: &nodes,
         rollout_id: "ns.plugin",
+        evidence: &crate::gates::Evidence::default(),
         now: m.now,
     };
     let d = decide(&base);

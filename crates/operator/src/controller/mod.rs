@@ -234,6 +234,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
                     }),
                 preflight: preflight.as_ref(),
                 rollout_id: &id,
+                evidence: Default::default(),
                 now,
             },
             &mut m.expectations,

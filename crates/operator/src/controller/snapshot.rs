@@ -162,6 +162,8 @@ pub struct Extras<'a> {
     pub spec_template: Option<SpecTemplate<'a>>,
     pub preflight: Option<&'a PreflightStatus>,
     pub rollout_id: &'a str,
+    /// What the gates beyond podsReady and allocatable observe.
+    pub evidence: saferollout_core::gates::Evidence<'a>,
     pub now: Timestamp,
 }
 
@@ -208,6 +210,7 @@ pub fn decide(
         pods: &pods,
         nodes: &node_views,
         rollout_id: extras.rollout_id,
+        evidence: &extras.evidence,
         now: extras.now,
     };
     let decision = saferollout_core::decide(&observed);

@@ -1,0 +1,16 @@
+//! What gates beyond podsReady and allocatable observe: gathered by the
+//! runtime before each decision (from its caches, or read from the API or a
+//! metrics endpoint for the gates that need it) and handed to the pure
+//! decision whole, so every gate stays a pure function of one snapshot.
+//!
+//! Each gate that needs evidence adds a field here (borrowed from what the
+//! runtime holds, like the views), filled by the operator's snapshot and by
+//! the test model.
+
+use std::marker::PhantomData;
+
+/// Evidence for the gates, borrowed for one decision.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Evidence<'a> {
+    _borrowed: PhantomData<&'a ()>,
+}
