@@ -103,6 +103,8 @@ pub struct Caches {
     pub pods: NsStores<Pod>,
     pub revisions: NsStores<ControllerRevision>,
     pub nodes: Store<Node>,
+    /// Parsed templates of the ControllerRevisions (forgotten when one goes).
+    pub templates: super::snapshot::TemplateCache,
     /// True once every store has been listed (see [`Caches::wait_until_synced`]).
     synced: tokio::sync::watch::Receiver<bool>,
 }
@@ -233,6 +235,7 @@ pub fn start(
     let (all_rollouts, all_rollouts_writer) = reflector::store::<SafeRollout>();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let mut caches = Caches {
+        templates: Default::default(),
         synced,
         all_rollouts,
         rollouts: ns_stores(),
@@ -486,6 +489,11 @@ impl Router {
     }
 
     fn revision_event(&self, ev: &Event<ControllerRevision>) {
+        if let Event::Delete(cr) = ev {
+            self.caches
+                .templates
+                .forget(cr.metadata.uid.as_deref().unwrap_or_default());
+        }
         match ev {
             Event::Apply(cr) | Event::Delete(cr) => {
                 let ns = cr.namespace();

@@ -40,7 +40,7 @@ use crate::leader::Fence;
 use crate::metrics::Metrics;
 use caches::{Caches, Triggers};
 pub use error::{Error, Result};
-use snapshot::{Extras, TemplateCache, backup_name};
+use snapshot::{Extras, backup_name};
 
 /// `(namespace, name)` of a SafeRollout.
 pub type RolloutKey = (String, String);
@@ -64,7 +64,6 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub fence: Arc<Fence>,
     memory: Mutex<HashMap<RolloutKey, RolloutMemory>>,
-    templates: TemplateCache,
 }
 
 impl Context {
@@ -204,7 +203,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     if !ctx.caches.is_synced() {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
-    let world = snapshot::dereference(sr, &ctx.caches, &ctx.templates);
+    let world = snapshot::dereference(sr, &ctx.caches);
     // Nothing is decided on a DaemonSet older than our own last write of it.
     if let Some(ds) = &world.ds {
         let generation = ds.metadata.generation.unwrap_or_default();
@@ -413,7 +412,7 @@ async fn run_preflight(
 /// A SafeRollout that never owned the DaemonSet (refused as a second one)
 /// changes nothing of it.
 async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requeue> {
-    let world = snapshot::dereference(sr, &ctx.caches, &ctx.templates);
+    let world = snapshot::dereference(sr, &ctx.caches);
     let original = sr
         .status
         .as_ref()
@@ -472,7 +471,6 @@ pub async fn run(
         metrics: metrics.clone(),
         fence,
         memory: Mutex::new(HashMap::new()),
-        templates: TemplateCache::default(),
     });
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

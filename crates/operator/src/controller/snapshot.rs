@@ -59,12 +59,9 @@ impl TemplateCache {
         Some(t)
     }
 
-    /// Forgets revisions that are gone.
-    pub fn retain(&self, alive: impl Fn(&str) -> bool) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| alive(uid));
+    /// Forgets a revision that is gone.
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
 }
 
@@ -104,7 +101,8 @@ pub fn backup_name(sr: &str, revision: &str) -> String {
 }
 
 /// Reads what a reconcile of `sr` needs from the caches.
-pub fn dereference(sr: &SafeRollout, caches: &Caches, templates: &TemplateCache) -> World {
+pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
+    let templates = &caches.templates;
     let ns = sr.namespace().unwrap_or_default();
     let ds = caches
         .daemonsets
