@@ -143,6 +143,23 @@ fn failed_nodes(st: &SafeRolloutStatus) -> BTreeSet<String> {
         .collect()
 }
 
+/// The plugin DaemonSet on `v1` with a rollout of `stages` adopted, then
+/// `v2` written to spec.template: the rollout of v2 has started.
+async fn roll(
+    env: &Env,
+    stages: serde_json::Value,
+    v1: &str,
+    v2: &str,
+) -> anyhow::Result<SafeRolloutStatus> {
+    create_daemonset(env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = stages;
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    set_template(env, agent_template(&env.resource, v2)).await?;
+    Ok(adopted)
+}
+
 /// Sets a node label for the test, removes it when dropped.
 struct NodeLabel(&'static str, &'static str);
 
@@ -365,12 +382,8 @@ async fn a_node_made_not_ready_during_a_revert_is_named_and_not_emptied() -> any
     let env = setup("notready").await?;
     let _op = operator(&env, "notready", 3, 0)?;
     let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
-    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
-    let mut spec = support::default_spec(&env.resource, v1);
-    spec["stages"] = json!([{"nodes": 1, "pause": true}, {"nodes": "100%"}]);
-    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
-    set_template(&env, agent_template(&env.resource, v2)).await?;
+    let paused_canary = json!([{"nodes": 1, "pause": true}, {"nodes": "100%"}]);
+    roll(&env, paused_canary, v1, v2).await?;
     let paused = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
         st.phase == Some(Phase::Paused)
     })
@@ -490,12 +503,8 @@ async fn a_node_joining_mid_rollout_is_judged_with_the_current_stage() -> anyhow
     let env = setup("join").await?;
     let _op = operator(&env, "join", 3, 0)?;
     let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
-    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
-    let mut spec = support::default_spec(&env.resource, v1);
-    spec["stages"] = json!([{"nodes": 1, "pause": true}, {"nodes": "100%"}]);
-    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
-    set_template(&env, agent_template(&env.resource, v2)).await?;
+    let paused_canary = json!([{"nodes": 1, "pause": true}, {"nodes": "100%"}]);
+    roll(&env, paused_canary, v1, v2).await?;
     let paused = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
         st.phase == Some(Phase::Paused)
     })

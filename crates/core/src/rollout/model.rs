@@ -353,6 +353,16 @@ impl Model {
         eligibility(&node_view(node), &placement).is_eligible()
     }
 
+    /// The nodes the DaemonSet covers now (truth).
+    fn covered_nodes(&self) -> BTreeSet<String> {
+        self.cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
     /// One second of the cluster: the DaemonSet controller, the kubelets and
     /// the agents move.
     pub fn advance(&mut self) {
@@ -406,14 +416,7 @@ impl Model {
         }
         // The DaemonSet controller: a pod on every covered node without one,
         // once the old one has terminated, only with updates OnDelete.
-        let covered: Vec<String> = self
-            .cluster
-            .nodes
-            .values()
-            .filter(|n| self.eligible_truth(n))
-            .map(|n| n.name.clone())
-            .collect();
-        for node in covered {
+        for node in self.covered_nodes() {
             let has_pod = self.cluster.pods.values().any(|p| p.node == node);
             if !has_pod {
                 let template = self.cluster.ds.template.clone();
@@ -424,13 +427,7 @@ impl Model {
         // A node that stops being covered (NotReady, tainted, gone) leaves the
         // budget: the DaemonSet controller does not count it either, and its
         // agent comes back when the node does, outside the operator's hands.
-        let covered: BTreeSet<String> = self
-            .cluster
-            .nodes
-            .values()
-            .filter(|n| self.eligible_truth(n))
-            .map(|n| n.name.clone())
-            .collect();
+        let covered = self.covered_nodes();
         self.disrupted.retain(|n| covered.contains(n));
         // A node whose agent serves again is no longer disrupted.
         let serving: BTreeSet<String> = self
@@ -835,13 +832,9 @@ impl Model {
                     .is_some_and(|node| self.eligible_truth(node))
             })
             .collect();
-        let covered = self
-            .cluster
-            .nodes
-            .values()
-            .filter(|n| self.eligible_truth(n))
-            .count();
-        let budget = self.budget(covered).max(self.budget_at_last_delete);
+        let budget = self
+            .budget(self.covered_nodes().len())
+            .max(self.budget_at_last_delete);
         if counted.len() > budget {
             self.violations.push(format!(
                 "{} agents down because of the operator ({counted:?}), maxUnavailable {budget}",
