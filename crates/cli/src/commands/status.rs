@@ -80,6 +80,10 @@ pub struct StatusReport {
     pub gates: Vec<GateReport>,
     pub conditions: Vec<ConditionReport>,
     pub blocked_revisions: Vec<BlockedReport>,
+    /// The rollout or revert under way: what, how many nodes done, since when.
+    pub progress: Option<ProgressReport>,
+    /// Nodes the operator cannot bring to the desired revision, with why.
+    pub stuck_nodes: Vec<NodeReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -103,6 +107,10 @@ pub struct StageReport {
     pub nodes: Vec<String>,
     pub started_at: Option<String>,
     pub verified_at: Option<String>,
+    /// Nodes the stage took and let go (NotReady, tainted, deleted, ...), with why.
+    pub skipped: Vec<NodeReport>,
+    /// Nodes whose agent failed a gate when the stage failed.
+    pub failed_nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -130,6 +138,33 @@ pub struct ConditionReport {
     pub reason: String,
     pub message: String,
     pub last_transition_time: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressReport {
+    pub subject: String,
+    pub nodes: i32,
+    pub last_progress_time: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub node: String,
+    pub reason: String,
+    pub message: String,
+}
+
+fn node_reports(notes: &[saferollout_api::NodeNote]) -> Vec<NodeReport> {
+    notes
+        .iter()
+        .map(|n| NodeReport {
+            node: n.node.clone(),
+            reason: n.reason.clone(),
+            message: n.message.clone(),
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -182,6 +217,10 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
                     nodes: recorded.map(|r| r.nodes.clone()).unwrap_or_default(),
                     started_at: time(recorded.and_then(|r| r.started_at.as_ref())),
                     verified_at: time(recorded.and_then(|r| r.verified_at.as_ref())),
+                    skipped: recorded
+                        .map(|r| node_reports(&r.skipped))
+                        .unwrap_or_default(),
+                    failed_nodes: recorded.map(|r| r.failed_nodes.clone()).unwrap_or_default(),
                 }
             })
             .collect(),
@@ -223,6 +262,12 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
                 blocked_at: timestamp(b.blocked_at.0),
             })
             .collect(),
+        progress: st.progress.as_ref().map(|p| ProgressReport {
+            subject: p.subject.clone(),
+            nodes: p.nodes,
+            last_progress_time: timestamp(p.last_progress_time.0),
+        }),
+        stuck_nodes: node_reports(&st.stuck_nodes),
     }
 }
 
@@ -293,6 +338,18 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
     ]);
     if let Some(m) = &st.message {
         head.row(["Message:".to_string(), m.clone()]);
+    }
+    if let Some(p) = &st.progress {
+        head.row([
+            "Progress:".to_string(),
+            format!(
+                "{}: {} node(s) done, last progress {} ago (deadline {} without progress)",
+                p.subject,
+                p.nodes,
+                age(Some(p.last_progress_time.0), now),
+                spec.progress_deadline
+            ),
+        ]);
     }
     if let Ok(index) = approve_index(st) {
         head.row([
@@ -370,6 +427,35 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
     if !gates.is_empty() {
         out.push_str("\nGates:\n");
         out.push_str(&gates.render("  "));
+    }
+
+    let mut attention = Table::new(&["NODE", "STAGE", "REASON", "MESSAGE"]);
+    for n in &st.stuck_nodes {
+        attention.row([
+            n.node.clone(),
+            "-".into(),
+            n.reason.clone(),
+            n.message.clone(),
+        ]);
+    }
+    for s in &st.stages {
+        for n in &s.skipped {
+            let stage = format!("{}/{} (let go)", s.index + 1, stages.len());
+            attention.row([n.node.clone(), stage, n.reason.clone(), n.message.clone()]);
+        }
+        for n in &s.failed_nodes {
+            let stage = format!("{}/{}", s.index + 1, stages.len());
+            attention.row([
+                n.clone(),
+                stage,
+                "AgentFailedGate".into(),
+                "reverted first, outside maxUnavailable".into(),
+            ]);
+        }
+    }
+    if !attention.is_empty() {
+        out.push_str("\nNodes needing attention:\n");
+        out.push_str(&attention.render("  "));
     }
 
     out.push_str("\nConditions:\n");
@@ -494,6 +580,58 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(stage_progress(&sr.spec, Some(&st)), "2/4");
+    }
+
+    #[test]
+    fn stuck_skipped_and_failed_nodes_and_progress_are_shown() {
+        let now = ts("2025-01-01T00:10:00Z");
+        let mut sr = rollout();
+        let note = |node: &str, reason: &str, message: &str| saferollout_api::NodeNote {
+            node: node.into(),
+            reason: reason.into(),
+            message: message.into(),
+        };
+        sr.status = Some(SafeRolloutStatus {
+            phase: Some(Phase::Degraded),
+            progress: Some(saferollout_api::Progress {
+                subject: "revert to revision good456".into(),
+                nodes: 3,
+                last_progress_time: Time(ts("2025-01-01T00:09:00Z")),
+            }),
+            stuck_nodes: vec![note(
+                "node-x",
+                "UntoleratedTaint",
+                "runs revision bad123; not replaced",
+            )],
+            stages: vec![StageStatus {
+                index: 0,
+                skipped: vec![note("node-y", "NodeDeleted", "the node left the cluster")],
+                failed_nodes: vec!["node-a".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let text = render(&sr, now);
+        assert!(
+            text.contains("revert to revision good456: 3 node(s) done, last progress 1m ago"),
+            "{text}"
+        );
+        assert!(text.contains("Nodes needing attention:"), "{text}");
+        for want in [
+            "node-x",
+            "UntoleratedTaint",
+            "node-y",
+            "1/4 (let go)",
+            "node-a",
+            "AgentFailedGate",
+        ] {
+            assert!(text.contains(want), "{want} missing in {text}");
+        }
+        let json = serde_json::to_value(report(&sr)).unwrap();
+        assert_eq!(json["stuckNodes"][0]["node"], "node-x");
+        assert_eq!(json["progress"]["nodes"], 3);
+        assert_eq!(json["stages"][0]["skipped"][0]["reason"], "NodeDeleted");
+        assert_eq!(json["stages"][0]["failedNodes"][0], "node-a");
     }
 
     #[test]
