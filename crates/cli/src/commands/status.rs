@@ -763,7 +763,7 @@ mod tests {
         let got: serde_json::Value = serde_json::from_str(&text).unwrap();
         let stage = |n: usize, size: &str| {
             serde_json::json!({"stage": n, "size": size, "approval": false, "state": null,
-                "nodes": [], "startedAt": null, "verifiedAt": null})
+                "nodes": [], "startedAt": null, "verifiedAt": null, "skipped": [], "failedNodes": []})
         };
         let want = serde_json::json!({
             "namespace": "gpu", "name": "plugin", "daemonSet": "nvidia-plugin",
@@ -772,7 +772,7 @@ mod tests {
             "targetRevision": "bad123", "stableRevision": "good456", "lastGood": null,
             "stages": [
                 {"stage": 1, "size": "1", "approval": false, "state": "Failed", "nodes": ["node-a"],
-                 "startedAt": "2025-01-01T00:08:00Z", "verifiedAt": null},
+                 "startedAt": "2025-01-01T00:08:00Z", "verifiedAt": null, "skipped": [], "failedNodes": []},
                 stage(2, "10%"), stage(3, "50%"), stage(4, "100%"),
             ],
             "gates": [{"stage": 1, "gate": "allocatable/nvidia.com/gpu", "status": "Failed",
@@ -782,6 +782,7 @@ mod tests {
                 "message": "allocatable gate failed", "lastTransitionTime": "2025-01-01T00:09:30Z"}],
             "blockedRevisions": [{"revision": "bad123", "reason": "GateFailed", "message": "0 GPUs",
                 "blockedAt": "2025-01-01T00:09:30Z"}],
+            "progress": null, "stuckNodes": [],
         });
         assert_eq!(got, want, "{text}");
 
