@@ -273,10 +273,11 @@ fn the_default_release_is_hardened_with_two_leader_elected_replicas() -> anyhow:
         pairs(&lease),
         expect_pairs(&[(
             "coordination.k8s.io/leases",
-            &["create", "get", "update", "patch"]
+            &["create", "get", "list", "watch", "update", "patch"]
         )])
     );
-    for verb in ["get", "update", "patch"] {
+    // list/watch: the write fence follows the Lease's renewals.
+    for verb in ["get", "list", "watch", "update", "patch"] {
         assert_eq!(
             lease[&("coordination.k8s.io/leases".to_string(), verb.to_string())],
             BTreeSet::from(["t-saferollout".to_string()]),

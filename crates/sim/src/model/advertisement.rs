@@ -327,8 +327,9 @@ mod tests {
     fn counts_parse_leniently() {
         assert_eq!(parse_count("8"), 8);
         assert_eq!(parse_count(" 3 "), 3);
-        assert_eq!(parse_count("1k"), 0);
+        assert_eq!(parse_count("1k"), 1000);
         assert_eq!(parse_count(""), 0);
+        assert_eq!(parse_count("eight"), 0);
     }
 
     #[test]
