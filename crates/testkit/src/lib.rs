@@ -276,25 +276,38 @@ pub fn kept_dir(state_dir: &Path) -> PathBuf {
 /// Marker file: a test of this process failed, keep the cluster's logs.
 const FAILED_MARKER: &str = "FAILED";
 
-/// On the first failing test (a panic), dumps the cluster's objects into the
-/// state directory and marks it to be kept; says where on stderr.
+/// The cluster this process started, to keep when a test fails.
+static STARTED: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+
+/// Marks the cluster this process started to be kept when the test binary
+/// exits (its logs, state and a dump of the objects tests work on), and says
+/// where. Called on a panic and when a wait times out (tests that fail by
+/// returning an error run no panic hook). Only the first call dumps.
+pub fn keep_cluster(why: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Some((state_dir, kubeconfig)) = STARTED.get() else {
+        return; // a reused cluster is not ours to keep
+    };
+    ONCE.call_once(|| {
+        let _ = std::fs::write(state_dir.join(FAILED_MARKER), why);
+        let kinds = "nodes,pods,daemonsets,controllerrevisions,saferollouts,leases,events";
+        let args = ["get", kinds, "-A", "-o", "yaml", "--request-timeout=20s"];
+        if let Ok(dump) = kubectl(kubeconfig, &args) {
+            let _ = std::fs::write(state_dir.join("objects.yaml"), dump);
+        }
+        eprintln!(
+            "a test failed: the cluster's logs and objects will be kept in {} once this test binary exits",
+            kept_dir(state_dir).display()
+        );
+    });
+}
+
 fn keep_cluster_on_failure(state_dir: &Path, kubeconfig: &Path) {
-    let (state_dir, kubeconfig) = (state_dir.to_path_buf(), kubeconfig.to_path_buf());
+    let _ = STARTED.set((state_dir.to_path_buf(), kubeconfig.to_path_buf()));
     let previous = std::panic::take_hook();
-    let once = std::sync::Once::new();
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
-        once.call_once(|| {
-            let _ = std::fs::write(state_dir.join(FAILED_MARKER), info.to_string());
-            let kinds = "nodes,pods,daemonsets,controllerrevisions,saferollouts,leases,events";
-            if let Ok(dump) = kubectl(&kubeconfig, &["get", kinds, "-A", "-o", "yaml"]) {
-                let _ = std::fs::write(state_dir.join("objects.yaml"), dump);
-            }
-            eprintln!(
-                "a test failed: the cluster's logs and objects will be kept in {} once this test binary exits",
-                kept_dir(&state_dir).display()
-            );
-        });
+        keep_cluster(&info.to_string());
     }));
 }
 
@@ -382,7 +395,12 @@ where
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
-        Err(_) => bail!("timed out after {timeout:?} waiting for {name}; last seen: {last:#?}"),
+        Err(_) => {
+            let why =
+                format!("timed out after {timeout:?} waiting for {name}; last seen: {last:#?}");
+            keep_cluster(&why);
+            bail!(why)
+        }
     }
 }
 
@@ -419,9 +437,13 @@ where
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
-        Err(_) => bail!(
-            "timed out after {timeout:?}; last seen: {:#?}",
-            reader.state()
-        ),
+        Err(_) => {
+            let why = format!(
+                "timed out after {timeout:?}; last seen: {:#?}",
+                reader.state()
+            );
+            keep_cluster(&why);
+            bail!(why)
+        }
     }
 }

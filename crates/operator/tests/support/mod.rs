@@ -138,7 +138,10 @@ pub async fn poll<T>(
             Err(e) => last_err = Some(e),
         }
         if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}; last error: {last_err:?}");
+            let why =
+                format!("timed out after {timeout:?} waiting for {what}; last error: {last_err:?}");
+            saferollout_testkit::keep_cluster(&why);
+            bail!(why);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
