@@ -171,12 +171,7 @@ impl Drop for Prometheus {
 async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout() -> anyhow::Result<()>
 {
     let c = cluster();
-    install_crd(c)?;
-    c.kubectl(&[
-        "apply",
-        "-f",
-        &repo_root().join("deploy/rbac.yaml").to_string_lossy(),
-    ])?;
+    support::install(c)?;
     let ns = c.namespace("alerts").await?;
     let client = c.client().await?;
     let resource = "example.com/gpu-alerts";

@@ -138,12 +138,7 @@ async fn patch(client: &kube::Client, ns: &str, name: &str, p: Value) -> anyhow:
 #[tokio::test]
 async fn argo_cd_health_and_kstatus_of_real_objects_in_every_phase() -> anyhow::Result<()> {
     let c = cluster();
-    install_crd(c)?;
-    c.kubectl(&[
-        "apply",
-        "-f",
-        &repo_root().join("deploy/rbac.yaml").to_string_lossy(),
-    ])?;
+    support::install(c)?;
     let ns = c.namespace("gitops").await?;
     let client = c.client().await?;
     let resource = "example.com/gpu-gitops";
