@@ -153,6 +153,7 @@ mod tests {
         spec.gates = Some(Gates {
             pods_ready: None,
             allocatable: vec![gate],
+            ..Default::default()
         });
         let findings = lint_safe_rollout(&rollout(spec), None);
         assert_eq!(
