@@ -87,8 +87,12 @@ pub const GATE_DEVICE_HEALTH: &str = "deviceHealth";
 pub const GATE_DEVICE_TAINTS: &str = "deviceTaints";
 
 /// Label on the claims probes (pods and the claims the operator creates for
-/// them): the node the probe is for. Probes also carry [`ROLLOUT_LABEL`].
-pub const PROBE_LABEL: &str = "saferollout.dev/probe-node";
+/// them); the value is the SafeRollout's [`ROLLOUT_LABEL`] value.
+pub const PROBE_LABEL: &str = "saferollout.dev/probe";
+/// Annotation on a claims probe: the node it is for.
+pub const PROBE_NODE_ANNOTATION: &str = "saferollout.dev/probe-node";
+/// Annotation on a claims probe: the revision being rolled out when it was made.
+pub const PROBE_REVISION_ANNOTATION: &str = "saferollout.dev/probe-revision";
 /// Label on a quarantine DeviceTaintRule: the node whose devices it takes
 /// out of service. Rules also carry [`ROLLOUT_LABEL`].
 pub const QUARANTINE_NODE_LABEL: &str = "saferollout.dev/quarantined-node";

@@ -465,6 +465,10 @@ pub struct QuarantineRecord {
     /// `quarantine.saferollout.dev/<rollout>=<resource>:<effect>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
+    /// The nodes out of service (those whose agent failed, with those of an
+    /// earlier quarantine still in force).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
     /// DRA: the pools taken out of service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<QuarantinedPool>,
