@@ -44,6 +44,12 @@ struct Args {
     /// Seconds before expiry the leader renews its lease.
     #[arg(long, env = "SAFEROLLOUT_LEASE_GRACE", default_value_t = 5)]
     lease_grace: u64,
+    /// Watch what the device gates read (ResourceSlices, ResourceClaims, the
+    /// workload pods of the nodes a rollout holds, the operator's quarantine
+    /// DeviceTaintRules and claims probes). Off: those gates wait and fail at
+    /// the progress deadline, saying why.
+    #[arg(long, env = "SAFEROLLOUT_DEVICE_GATES", default_value_t = true, action = clap::ArgAction::Set)]
+    device_gates: bool,
     /// Log as JSON lines.
     #[arg(long, env = "SAFEROLLOUT_LOG_JSON")]
     log_json: bool,
@@ -103,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
     metrics.set_lease_known();
     let options = controller::Options {
         namespaces: args.watch_namespaces,
+        device_gates: args.device_gates,
     };
     let leader::Leadership {
         fence,

@@ -559,6 +559,7 @@ mod tests {
                     gate: "allocatable/x".into(),
                     reason: "BelowMinimum".into(),
                 }),
+                ..Default::default()
             },
         );
         let text = m.encode();
