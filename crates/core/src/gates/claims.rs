@@ -78,7 +78,9 @@ pub fn probe_state(ev: &DeviceEvidence, snap: &Snapshot, node: &str) -> ProbeSta
                 .get(&(ns, *c))
                 .is_some_and(|claim| claim_node(claim) == Some(node))
         });
-    if bound && allocated {
+    // A probe that ran to completion on the node had its devices there (its
+    // claim may be released by now).
+    if bound && (allocated || phase(pod) == "Succeeded") {
         return ProbeState::Allocated;
     }
     let scheduler = pod
