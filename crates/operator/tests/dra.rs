@@ -37,7 +37,18 @@ fn all_gates(env: &Env) -> serde_json::Value {
 
 #[tokio::test]
 async fn a_healthy_driver_upgrade_passes_every_gate_and_claims_survive() -> anyhow::Result<()> {
-    let env = setup("healthy").await?;
+    let mut env = setup("healthy").await?;
+    // One node's pods watched alone, more by one cluster-wide watch: the
+    // last stage (4 nodes) takes the cluster-wide path.
+    let log = format!("{}-pod-watches", env.ns.name);
+    drop(std::mem::replace(
+        &mut env.op,
+        start_operator_with(
+            &env.ns.name,
+            &[("SAFEROLLOUT_PER_NODE_POD_WATCHES", "1")],
+            &log,
+        )?,
+    ));
     create_driver(&env, V1).await?;
     // A running workload with an allocated claim on the canary.
     let uid = claim_workload(&env, "trainer", CANARY).await?;
@@ -116,6 +127,11 @@ async fn a_healthy_driver_upgrade_passes_every_gate_and_claims_survive() -> anyh
         .get("trainer")
         .await?;
     assert_eq!(saferollout_core::devices::claim_node(&claim), Some(CANARY));
+    let log = env.op.log_text();
+    assert!(
+        log.contains("watching the pods of the rollouts' nodes with one cluster-wide watch"),
+        "the last stage watched its pods cluster-wide"
+    );
     // Probes never outlive their stage.
     wait_for_all(
         &Api::<Pod>::namespaced(env.client.clone(), &env.ns.name),

@@ -1016,6 +1016,15 @@ impl Model {
             })
     }
 
+    /// Nodes the DaemonSet covers now.
+    pub fn covered_nodes(&self) -> usize {
+        self.cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .count()
+    }
+
     pub fn pods_on(&self, revision: &str) -> usize {
         self.cluster
             .pods

@@ -44,8 +44,8 @@ use super::RolloutKey;
 use super::caches::{Caches, Triggers};
 use crate::metrics::Metrics;
 
-/// Above this many held nodes, one cluster-wide pod watch replaces the
-/// per-node ones.
+/// Above this many held nodes (the default of `--per-node-pod-watches`),
+/// one cluster-wide pod watch replaces the per-node ones.
 pub const PER_NODE_WATCHES: usize = 64;
 
 /// The versions a DeviceTaintRule may be served at, preferred first.
@@ -58,6 +58,8 @@ pub struct DeviceApis {
     pub unavailable: Option<String>,
     /// The served DeviceTaintRule resource, if any.
     pub rules: Option<ApiResource>,
+    /// Held nodes watched one by one before one cluster-wide pod watch.
+    pub per_node_watches: usize,
 }
 
 /// Asks the API server what `resource.k8s.io` serves.
@@ -66,6 +68,7 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
         return DeviceApis {
             unavailable: Some("the device gates are turned off (--device-gates=false)".into()),
             rules: None,
+            per_node_watches: PER_NODE_WATCHES,
         };
     }
     let group = match kube::discovery::group(client, "resource.k8s.io").await {
@@ -75,6 +78,7 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
             return DeviceApis {
                 unavailable: Some(format!("resource.k8s.io is not served ({e})")),
                 rules: None,
+                per_node_watches: PER_NODE_WATCHES,
             };
         }
     };
@@ -95,7 +99,11 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
         device_taint_rules = ?rules.as_ref().map(|r| r.api_version.clone()),
         "device APIs discovered"
     );
-    DeviceApis { unavailable, rules }
+    DeviceApis {
+        unavailable,
+        rules,
+        per_node_watches: PER_NODE_WATCHES,
+    }
 }
 
 /// The device caches.
@@ -157,7 +165,13 @@ pub fn stores(
             probes_w.push((ns, w));
         }
     }
-    let node_pods = NodePods::new(client.clone(), metrics.clone(), triggers.clone(), on);
+    let node_pods = NodePods::new(
+        client.clone(),
+        metrics.clone(),
+        triggers.clone(),
+        on,
+        apis.per_node_watches,
+    );
     (
         DeviceCaches {
             unavailable: apis.unavailable.clone(),
@@ -461,6 +475,7 @@ pub struct NodePods {
     metrics: Arc<Metrics>,
     triggers: Arc<Triggers>,
     enabled: bool,
+    per_node_limit: usize,
     me: Weak<NodePods>,
     inner: Mutex<Inner>,
 }
@@ -503,12 +518,14 @@ impl NodePods {
         metrics: Arc<Metrics>,
         triggers: Arc<Triggers>,
         enabled: bool,
+        per_node_limit: usize,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| NodePods {
             client,
             metrics,
             triggers,
             enabled,
+            per_node_limit,
             me: me.clone(),
             inner: Mutex::new(Inner::default()),
         })
@@ -553,7 +570,7 @@ impl NodePods {
         let grew = !union.is_subset(&inner.union);
         inner.union = union.clone();
         inner.nodes.retain(|n, _| union.contains(n));
-        let cluster_wide = union.len() > PER_NODE_WATCHES;
+        let cluster_wide = union.len() > self.per_node_limit;
         match std::mem::take(&mut inner.watches) {
             Watches::Cluster(task, epoch) if cluster_wide && !grew => {
                 inner.watches = Watches::Cluster(task, epoch);

@@ -462,6 +462,8 @@ pub struct Options {
     /// Watch what the device gates read (ResourceSlices, ResourceClaims,
     /// workload pods of held nodes, DeviceTaintRules).
     pub device_gates: bool,
+    /// Held nodes watched one by one before one cluster-wide pod watch.
+    pub per_node_pod_watches: usize,
 }
 
 /// Runs the controller until shutdown: caches always, the work queue while
@@ -475,7 +477,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     wait_for_api(&client, &options.namespaces).await?;
     let triggers = Arc::new(Triggers::default());
-    let device_apis = devices::discover(&client, options.device_gates).await;
+    let mut device_apis = devices::discover(&client, options.device_gates).await;
+    device_apis.per_node_watches = options.per_node_pod_watches;
     let caches = caches::start(
         &client,
         &options.namespaces,

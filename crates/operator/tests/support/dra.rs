@@ -99,6 +99,11 @@ pub struct Env {
 /// The operator as the ServiceAccount of deploy/rbac.yaml, watching the
 /// test's namespace, with a short lease.
 pub fn start_operator(ns: &str) -> anyhow::Result<Operator> {
+    start_operator_with(ns, &[], ns)
+}
+
+/// [`start_operator`] with environment variables (flags) and a log name.
+pub fn start_operator_with(ns: &str, env: &[(&str, &str)], log: &str) -> anyhow::Result<Operator> {
     let args: Vec<String> = [
         "--namespace",
         ns,
@@ -112,10 +117,11 @@ pub fn start_operator(ns: &str) -> anyhow::Result<Operator> {
     .iter()
     .map(|a| a.to_string())
     .collect();
-    Operator::start(
+    Operator::start_with_env(
         Identity::Impersonate(cluster().kubeconfig(), OPERATOR_SA),
         &args,
-        ns,
+        env,
+        log,
     )
 }
 
