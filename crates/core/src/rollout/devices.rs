@@ -175,7 +175,17 @@ pub(super) fn stop(
         (_, Some(f)) => Some(f),
         (e, None) => e,
     };
+    let unseen = quarantine.as_ref().is_some_and(|q| q.driver.is_some())
+        && o.evidence
+            .devices
+            .and_then(|e| e.quarantine_rules.as_ref())
+            .is_none();
     let what = match (&quarantine, policy) {
+        // Recorded, but nothing can be tainted: say so.
+        (Some(q), _) if unseen => format!(
+            "{}; but the cluster serves no DeviceTaintRule the operator can manage, so nothing is tainted",
+            describe(q)
+        ),
         (Some(q), _) => describe(q),
         (None, OnFailure::Quarantine) => "nothing to quarantine (no driver or resource)".into(),
         _ => "nothing else changes".into(),
