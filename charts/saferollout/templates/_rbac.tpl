@@ -32,6 +32,12 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 - {apiGroups: [""], resources: [pods], verbs: [delete]}
 # Events about each SafeRollout (gate failures, reverts, preflight findings).
 - {apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}
+{{- if .Values.deviceGates.enabled }}
+# Pods: create the claims probes (gates.claims.probe), owned by the SafeRollout.
+- {apiGroups: [""], resources: [pods], verbs: [create]}
+# ResourceClaims: create and delete the claims of DeviceClass probes, owned by the SafeRollout.
+- {apiGroups: [resource.k8s.io], resources: [resourceclaims], verbs: [create, delete]}
+{{- end }}
 {{- end -}}
 
 {{/* Rules that are cluster-wide whatever the mode. */}}
@@ -45,6 +51,20 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 - {apiGroups: [""], resources: [namespaces], verbs: [get], resourceNames: [{{ join ", " .Values.watchNamespaces }}]}
 {{- else }}
 - {apiGroups: [""], resources: [namespaces], verbs: [get]}
+{{- end }}
+{{- if .Values.deviceGates.enabled }}
+# ResourceSlices: what a DRA driver publishes per node (gates.resourceSlices, deviceTaints).
+- {apiGroups: [resource.k8s.io], resources: [resourceslices], verbs: [get, list, watch]}
+# ResourceClaims: claims allocated on the rollout's nodes, in any namespace (gates.claims).
+- {apiGroups: [resource.k8s.io], resources: [resourceclaims], verbs: [get, list, watch]}
+{{- if .Values.watchNamespaces }}
+# Pods: the workloads on the nodes a rollout holds, in any namespace (gates.deviceHealth, claims).
+- {apiGroups: [""], resources: [pods], verbs: [get, list, watch]}
+{{- end }}
+{{- if .Values.deviceGates.quarantine }}
+# DeviceTaintRules: onFailure Quarantine takes a failed node's devices out of service, and lifts it.
+- {apiGroups: [resource.k8s.io], resources: [devicetaintrules], verbs: [get, list, watch, create, delete]}
+{{- end }}
 {{- end }}
 {{- end -}}
 

@@ -76,3 +76,29 @@ pub const GATE_ALLOCATABLE: &str = "allocatable";
 pub const CAPACITY_LABEL_PREFIX: &str = "capacityLabel:";
 /// The `baseline` word of an allocatable gate's `min`/`max` bound.
 pub const BASELINE: &str = "baseline";
+
+/// Gate name of the DRA ResourceSlices gate.
+pub const GATE_RESOURCE_SLICES: &str = "resourceSlices";
+/// Gate name of the ResourceClaims gate.
+pub const GATE_CLAIMS: &str = "claims";
+/// Gate name of the device health gate (allocatedResourcesStatus).
+pub const GATE_DEVICE_HEALTH: &str = "deviceHealth";
+/// Gate name of the device taints gate.
+pub const GATE_DEVICE_TAINTS: &str = "deviceTaints";
+
+/// Label on the claims probes (pods and the claims the operator creates for
+/// them); the value is the SafeRollout's [`ROLLOUT_LABEL`] value.
+pub const PROBE_LABEL: &str = "saferollout.dev/probe";
+/// Annotation on a claims probe: the node it is for.
+pub const PROBE_NODE_ANNOTATION: &str = "saferollout.dev/probe-node";
+/// Annotation on a claims probe: the revision being rolled out when it was made.
+pub const PROBE_REVISION_ANNOTATION: &str = "saferollout.dev/probe-revision";
+/// Label on a quarantine DeviceTaintRule: the node whose devices it takes
+/// out of service. Rules also carry [`ROLLOUT_LABEL`].
+pub const QUARANTINE_NODE_LABEL: &str = "saferollout.dev/quarantined-node";
+/// Key of the device taint a quarantine DeviceTaintRule puts on a failed
+/// node's devices (value: the SafeRollout, `<namespace>.<name>`).
+pub const QUARANTINE_TAINT_KEY: &str = "saferollout.dev/quarantine";
+/// Prefix of the node taint a device-plugin quarantine puts on a failed node:
+/// `quarantine.saferollout.dev/<namespace>.<name>=<resource>:<effect>`.
+pub const QUARANTINE_NODE_TAINT_PREFIX: &str = "quarantine.saferollout.dev/";

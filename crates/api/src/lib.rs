@@ -13,6 +13,7 @@
 //! field; see `tests/malformed/` at the repository root for examples.
 
 pub mod consts;
+pub mod devices;
 pub mod duration;
 pub mod intstr;
 pub mod quantity;
@@ -22,6 +23,11 @@ pub mod status;
 pub mod validate;
 
 pub use consts::*;
+pub use devices::{
+    ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate, NodeDevices,
+    OnFailure, QuarantineEffect, QuarantineRecord, QuarantineSpec, QuarantineTarget,
+    QuarantinedPool, ResourceSlicesGate, StoppedRollout,
+};
 pub use duration::{DurationError, DurationString, format_duration, parse_duration};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use quantity::{count_of, quantity_count};

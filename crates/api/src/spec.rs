@@ -11,6 +11,10 @@ use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 
 use crate::consts::BASELINE;
+use crate::devices::{
+    self, ClaimsGate, DeviceHealthGate, DeviceTaintsGate, OnFailure, QuarantineSpec,
+    ResourceSlicesGate,
+};
 use crate::duration::{DurationError, DurationString};
 use crate::intstr::{Bound, BoundError, parse_bound};
 use crate::schema;
@@ -42,6 +46,7 @@ use crate::status::SafeRolloutStatus;
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = devices::spec_rules)]
 pub struct SafeRolloutSpec {
     /// The DaemonSet to roll out. It must be in the SafeRollout's namespace.
     pub target_ref: TargetRef,
@@ -103,6 +108,23 @@ pub struct SafeRolloutSpec {
     /// The guides' checklists run before the first stage of each new revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<Preflight>,
+
+    /// What to do when a gate fails: Revert (default: back to the last good
+    /// template), Quarantine (for drivers that cannot be downgraded: keep the
+    /// new release where it runs, stop, and take the failed nodes' devices out
+    /// of service) or Halt (stop and change nothing more). Either way the
+    /// revision is blocked until a retry.
+    #[serde(default, skip_serializing_if = "is_revert")]
+    pub on_failure: OnFailure,
+
+    /// How `onFailure: Quarantine` takes devices out of service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = devices::quarantine_rules)]
+    pub quarantine: Option<QuarantineSpec>,
+}
+
+fn is_revert(p: &OnFailure) -> bool {
+    *p == OnFailure::Revert
 }
 
 /// Preflight checks before stage 1.
@@ -168,8 +190,9 @@ pub struct Stage {
 
 /// The health gates. podsReady always applies; every other gate applies when
 /// its field is set. (Adding a gate is one optional field here.)
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = devices::gates_rules)]
 pub struct Gates {
     /// Every agent pod on the stage's nodes must be Running, Ready and of the
     /// new revision. Fails at once on CrashLoopBackOff, ImagePullBackOff or
@@ -183,6 +206,26 @@ pub struct Gates {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8), transform = schema::list_map_by_resource)]
     pub allocatable: Vec<AllocatableGate>,
+
+    /// DRA: the driver's ResourceSlices per node are republished, complete and
+    /// within bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_slices: Option<ResourceSlicesGate>,
+
+    /// DRA: allocated ResourceClaims survive the driver's restart; optionally a
+    /// probe claim the scheduler must allocate on each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims: Option<ClaimsGate>,
+
+    /// Workloads' allocatedResourcesStatus reads Healthy (device plugins and
+    /// DRA drivers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_health: Option<DeviceHealthGate>,
+
+    /// DRA: no device newly tainted by the release; health taints cleared by
+    /// it reported (or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_taints: Option<DeviceTaintsGate>,
 }
 
 /// Settings of the podsReady gate.
@@ -320,6 +363,8 @@ impl SafeRolloutSpec {
             gates: None,
             paused: false,
             preflight: None,
+            on_failure: OnFailure::Revert,
+            quarantine: None,
         }
     }
 

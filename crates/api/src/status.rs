@@ -100,6 +100,13 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightStatus>,
 
+    /// Set when a gate failed with `onFailure: Quarantine` or `Halt`: the
+    /// revision, the failed nodes and what is out of service. Nothing more
+    /// changes while the DaemonSet carries that revision; a retry of it (or
+    /// deleting the SafeRollout) clears it and lifts the quarantine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<crate::devices::StoppedRollout>,
+
     /// The last value of the retry annotation the operator acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry: Option<String>,
@@ -287,6 +294,14 @@ pub struct StageStatus {
     /// replaces them at once, outside the maxUnavailable budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_nodes: Vec<String>,
+    /// Per node: what the gated DRA driver published there (devices,
+    /// counters, capacity, taints) and the claims allocated there, captured
+    /// before the stage touched the node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub device_baseline: BTreeMap<String, crate::devices::NodeDevices>,
+    /// Nodes of this stage whose claims probe passed (their probe is deleted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probed: Vec<String>,
 }
 
 /// A node and a reason (skipped by a stage, stuck during a revert).

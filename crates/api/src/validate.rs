@@ -162,21 +162,34 @@ impl SafeRolloutSpec {
                 );
             }
         }
+        crate::devices::validate(self, &mut |path, message| e.push(path, message));
         e.0
     }
 }
 
 fn duration(e: &mut Errors, path: &str, field: &str, value: &DurationString, positive: bool) {
+    if let Some(message) = duration_error(field, value, positive) {
+        e.push(path, message);
+    }
+}
+
+/// The schema's complaint about a duration field, if any.
+pub(crate) fn duration_error(
+    field: &str,
+    value: &DurationString,
+    positive: bool,
+) -> Option<String> {
     let s = value.as_str();
     if s.len() > DURATION_MAX_LENGTH as usize {
-        e.push(
-            path,
-            format!("Too long: may not be more than {DURATION_MAX_LENGTH} bytes"),
-        );
+        Some(format!(
+            "Too long: may not be more than {DURATION_MAX_LENGTH} bytes"
+        ))
     } else if parse_duration(s).is_err() {
-        e.push(path, duration_message(field));
+        Some(duration_message(field))
     } else if positive && !s.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
-        e.push(path, positive_message(field));
+        Some(positive_message(field))
+    } else {
+        None
     }
 }
 
@@ -295,6 +308,7 @@ mod tests {
         spec.gates = Some(Gates {
             pods_ready: None,
             allocatable: vec![AllocatableGate::new("nvidia.com/gpu")],
+            ..Default::default()
         });
         assert_eq!(spec.validate(), vec![]);
 

@@ -10,7 +10,7 @@
 //!   have their agent replaced now (Ready, taints tolerated, still selected).
 //! - [`revision`]: which DaemonSet revision a template is, by content.
 //! - [`plan`]: which nodes each stage takes.
-//! - [`gates`]: the health gates.
+//! - [`gates`]: the health gates; [`devices`]: what the device gates observe.
 //! - [`rollout`]: the state machine: status and actions from a snapshot.
 //! - [`expectations`]: the operator's own writes its caches do not show yet.
 //! - [`conditions`]: kstatus-compatible conditions.
@@ -18,6 +18,7 @@
 //! - [`transitions`]: what changed between two statuses (for metrics).
 
 pub mod conditions;
+pub mod devices;
 pub mod eligibility;
 pub mod expectations;
 pub mod gates;

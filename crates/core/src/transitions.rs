@@ -22,10 +22,20 @@ pub struct Rollback {
     pub failing_since: Option<Timestamp>,
 }
 
+/// A gate failed and its revision was blocked, whatever `onFailure` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateFailure {
+    pub gate: String,
+    pub reason: String,
+}
+
 /// Countable changes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Transitions {
+    /// A revert started (onFailure: Revert, or an abort).
     pub rollback: Option<Rollback>,
+    /// A gate failure blocked a revision (any policy).
+    pub gate_failure: Option<GateFailure>,
     /// Durations of the stages that passed in this pass.
     pub stages_passed: Vec<Duration>,
     /// A rollout reached every node.
@@ -42,7 +52,7 @@ pub fn between(old: &SafeRolloutStatus, new: &SafeRolloutStatus) -> Transitions 
             .filter(|s| s.state == StageState::Failed)
             .flat_map(|s| s.gates.iter())
             .find(|g| g.status == GateStatus::Failed);
-        t.rollback = Some(match failed {
+        let rollback = match failed {
             Some(g) => Rollback {
                 gate: g.gate.clone(),
                 reason: g.reason.clone(),
@@ -53,7 +63,19 @@ pub fn between(old: &SafeRolloutStatus, new: &SafeRolloutStatus) -> Transitions 
                 reason: blocked.map(|b| b.reason.clone()).unwrap_or_default(),
                 failing_since: blocked.map(|b| b.blocked_at.0),
             },
+        };
+        t.gate_failure = Some(GateFailure {
+            gate: rollback.gate.clone(),
+            reason: rollback.reason.clone(),
         });
+        // Quarantine and Halt stop instead of reverting.
+        let stopped = new
+            .stopped
+            .as_ref()
+            .is_some_and(|s| blocked.is_some_and(|b| b.revision == s.revision));
+        if !stopped {
+            t.rollback = Some(rollback);
+        }
     }
     if new.target_revision == old.target_revision {
         for s in new.stages.iter().filter(|s| s.state == StageState::Passed) {
@@ -106,6 +128,11 @@ mod tests {
             ..Default::default()
         });
         let t = between(&old, &new);
+        let f = t.gate_failure.clone().unwrap();
+        assert_eq!(
+            (f.gate.as_str(), f.reason.as_str()),
+            ("allocatable/x", "BelowMinimum")
+        );
         let r = t.rollback.unwrap();
         assert_eq!(
             (r.gate.as_str(), r.reason.as_str()),
@@ -114,6 +141,17 @@ mod tests {
         assert_eq!(r.failing_since, Some(ts(5)));
         // Writing the same status again counts nothing.
         assert_eq!(between(&new, &new), Transitions::default());
+        // Quarantine or Halt: a gate failure, no rollback.
+        new.stopped = Some(saferollout_api::StoppedRollout {
+            revision: "r2".into(),
+            policy: saferollout_api::OnFailure::Halt,
+            message: String::new(),
+            nodes: vec![],
+            stopped_at: Time(ts(10)),
+            quarantine: None,
+        });
+        let t = between(&old, &new);
+        assert!(t.gate_failure.is_some() && t.rollback.is_none(), "{t:?}");
     }
 
     #[test]

@@ -44,6 +44,17 @@ struct Args {
     /// Seconds before expiry the leader renews its lease.
     #[arg(long, env = "SAFEROLLOUT_LEASE_GRACE", default_value_t = 5)]
     lease_grace: u64,
+    /// Watch what the device gates read (ResourceSlices, ResourceClaims, the
+    /// workload pods of the nodes a rollout holds, the operator's quarantine
+    /// DeviceTaintRules and claims probes). Off: those gates wait and fail at
+    /// the progress deadline, saying why.
+    #[arg(long, env = "SAFEROLLOUT_DEVICE_GATES", default_value_t = true, action = clap::ArgAction::Set)]
+    device_gates: bool,
+    /// Up to this many nodes held by rollouts, their workload pods are
+    /// watched one node at a time (field selector spec.nodeName); beyond it,
+    /// by one cluster-wide watch that keeps only those nodes' device pods.
+    #[arg(long, env = "SAFEROLLOUT_PER_NODE_POD_WATCHES", default_value_t = 64)]
+    per_node_pod_watches: usize,
     /// Log as JSON lines.
     #[arg(long, env = "SAFEROLLOUT_LOG_JSON")]
     log_json: bool,
@@ -103,6 +114,8 @@ async fn main() -> anyhow::Result<()> {
     metrics.set_lease_known();
     let options = controller::Options {
         namespaces: args.watch_namespaces,
+        device_gates: args.device_gates,
+        per_node_pod_watches: args.per_node_pod_watches,
     };
     let leader::Leadership {
         fence,

@@ -217,7 +217,7 @@ impl Default for Metrics {
         );
         registry.register(
             "gate_failures",
-            "Health gate failures that caused a revert",
+            "Health gate failures that blocked a revision (whatever spec.onFailure then did)",
             m.gate_failures.clone(),
         );
         registry.register(
@@ -374,12 +374,14 @@ impl Metrics {
                     reason: r.reason.clone(),
                 })
                 .inc();
+        }
+        if let Some(f) = &t.gate_failure {
             self.gate_failures
                 .get_or_create(&GateReasonLabels {
                     namespace: namespace.into(),
                     name: name.into(),
-                    gate: r.gate.clone(),
-                    reason: r.reason.clone(),
+                    gate: f.gate.clone(),
+                    reason: f.reason.clone(),
                 })
                 .inc();
         }
@@ -552,6 +554,10 @@ mod tests {
                     gate: "allocatable/x".into(),
                     reason: "BelowMinimum".into(),
                     failing_since: None,
+                }),
+                gate_failure: Some(saferollout_core::transitions::GateFailure {
+                    gate: "allocatable/x".into(),
+                    reason: "BelowMinimum".into(),
                 }),
                 ..Default::default()
             },

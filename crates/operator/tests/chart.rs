@@ -110,12 +110,19 @@ const ROLLOUT_RULES: &[(&str, &[&str])] = &[
         "apps/controllerrevisions",
         &["get", "list", "watch", "create", "delete"],
     ),
-    ("/pods", &["get", "list", "watch", "delete"]),
+    ("/pods", &["get", "list", "watch", "delete", "create"]),
     ("events.k8s.io/events", &["create", "patch"]),
+    ("resource.k8s.io/resourceclaims", &["create", "delete"]),
 ];
 const CLUSTER_RULES: &[(&str, &[&str])] = &[
     ("/nodes", &["get", "list", "watch", "patch"]),
     ("/namespaces", &["get"]),
+    ("resource.k8s.io/resourceslices", &["get", "list", "watch"]),
+    ("resource.k8s.io/resourceclaims", &["get", "list", "watch"]),
+    (
+        "resource.k8s.io/devicetaintrules",
+        &["get", "list", "watch", "create", "delete"],
+    ),
 ];
 
 fn no_wildcards_no_secrets(objs: &[Value]) {
@@ -173,6 +180,25 @@ fn helm_lints_the_chart_in_every_mode() -> anyhow::Result<()> {
 }
 
 #[test]
+fn the_device_gates_rules_go_with_their_values() -> anyhow::Result<()> {
+    let device = |p: &(String, String)| {
+        p.0.starts_with("resource.k8s.io/") || (p.0 == "/pods" && p.1 == "create")
+    };
+    let off = render(&["--set", "deviceGates.enabled=false"])?;
+    let granted = pairs(&grants(&of_kind(&off, "ClusterRole")));
+    assert!(!granted.iter().any(device), "{granted:?}");
+    assert!(strings(&container(&off)["args"]).contains(&"--device-gates=false".to_string()));
+    let no_quarantine = render(&["--set", "deviceGates.quarantine=false"])?;
+    let granted = pairs(&grants(&of_kind(&no_quarantine, "ClusterRole")));
+    assert!(
+        !granted.iter().any(|p| p.0.ends_with("/devicetaintrules")),
+        "{granted:?}"
+    );
+    assert!(granted.iter().any(|p| p.0.ends_with("/resourceslices")));
+    Ok(())
+}
+
+#[test]
 fn the_values_schema_rejects_mistakes_by_name() -> anyhow::Result<()> {
     for (set, want) in [
         ("replicas=3", "replicas"),
@@ -202,6 +228,7 @@ fn the_default_release_is_hardened_with_two_leader_elected_replicas() -> anyhow:
         "--metrics-addr=0.0.0.0:8080",
         "--log-json",
         "--leader-election=true",
+        "--device-gates=true",
         "--leader-election-namespace=saferollout-system",
         "--leader-election-lease-name=t-saferollout",
     ] {
@@ -321,9 +348,12 @@ fn the_namespaced_mode_keeps_pod_and_daemonset_rights_in_the_listed_namespaces()
         args.contains(&"--watch-namespaces=gpu-operator,dra".to_string()),
         "{args:?}"
     );
-    // Cluster-wide: nodes, and `get` on the listed namespaces only.
+    // Cluster-wide: nodes, `get` on the listed namespaces only, and what the
+    // device gates read (the workloads of a rollout's nodes are anywhere).
     let cluster = grants(&of_kind(&objs, "ClusterRole"));
-    assert_eq!(pairs(&cluster), expect_pairs(CLUSTER_RULES));
+    let mut want = expect_pairs(CLUSTER_RULES);
+    want.extend(expect_pairs(&[("/pods", &["get", "list", "watch"])]));
+    assert_eq!(pairs(&cluster), want);
     assert_eq!(
         cluster[&("/namespaces".to_string(), "get".to_string())],
         BTreeSet::from(["dra".to_string(), "gpu-operator".to_string()])

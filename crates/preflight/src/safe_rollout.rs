@@ -50,7 +50,11 @@ pub fn field_error_code(path: &str) -> &'static str {
         "spec.stages.soak"
         | "spec.progressDeadline"
         | "spec.gates.podsReady.timeout"
-        | "spec.gates.allocatable.soak" => codes::DURATION,
+        | "spec.gates.allocatable.soak"
+        | "spec.gates.resourceSlices.soak"
+        | "spec.gates.deviceTaints.soak"
+        | "spec.gates.deviceHealth.handover"
+        | "spec.gates.claims.probe.timeout" => codes::DURATION,
         "spec.maxUnavailable" => codes::MAX_UNAVAILABLE,
         "spec.gates.allocatable" | "spec.gates.allocatable.resource" => codes::ALLOCATABLE_RESOURCE,
         "spec.gates.allocatable.min" | "spec.gates.allocatable.max" => codes::ALLOCATABLE_BOUNDS,
@@ -153,6 +157,7 @@ mod tests {
         spec.gates = Some(Gates {
             pods_ready: None,
             allocatable: vec![gate],
+            ..Default::default()
         });
         let findings = lint_safe_rollout(&rollout(spec), None);
         assert_eq!(

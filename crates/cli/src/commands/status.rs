@@ -84,6 +84,38 @@ pub struct StatusReport {
     pub progress: Option<ProgressReport>,
     /// Nodes the operator cannot bring to the desired revision, with why.
     pub stuck_nodes: Vec<NodeReport>,
+    /// `spec.onFailure`: Revert, Quarantine or Halt.
+    pub on_failure: String,
+    /// Set when a gate failure stopped the rollout (Quarantine or Halt).
+    pub stopped: Option<StoppedReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoppedReport {
+    pub revision: String,
+    /// Quarantine or Halt.
+    pub policy: String,
+    pub message: String,
+    /// The nodes whose agent failed (they keep the new release).
+    pub nodes: Vec<String>,
+    pub stopped_at: String,
+    /// What is out of service (`null` for Halt).
+    pub quarantine: Option<QuarantineReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantineReport {
+    /// NoSchedule or NoExecute.
+    pub effect: String,
+    /// DRA: the driver whose devices DeviceTaintRules take out of service.
+    pub driver: Option<String>,
+    /// Device plugin: the resource a node taint stands for.
+    pub resource: Option<String>,
+    pub nodes: Vec<String>,
+    /// DRA: `<node>/<pool>` of each DeviceTaintRule.
+    pub pools: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -268,6 +300,25 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
             last_progress_time: timestamp(p.last_progress_time.0),
         }),
         stuck_nodes: node_reports(&st.stuck_nodes),
+        on_failure: spec.on_failure.as_str().to_string(),
+        stopped: st.stopped.as_ref().map(|s| StoppedReport {
+            revision: s.revision.clone(),
+            policy: s.policy.as_str().to_string(),
+            message: s.message.clone(),
+            nodes: s.nodes.clone(),
+            stopped_at: timestamp(s.stopped_at.0),
+            quarantine: s.quarantine.as_ref().map(|q| QuarantineReport {
+                effect: q.effect.clone(),
+                driver: q.driver.clone(),
+                resource: q.resource.clone(),
+                nodes: q.nodes.clone(),
+                pools: q
+                    .pools
+                    .iter()
+                    .map(|p| format!("{}/{}", p.node, p.pool))
+                    .collect(),
+            }),
+        }),
     }
 }
 
@@ -335,6 +386,15 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
     head.row([
         "Generation:".to_string(),
         format!("{generation} (observed {observed})"),
+    ]);
+    head.row([
+        "On failure:".to_string(),
+        match spec.on_failure {
+            saferollout_api::OnFailure::Quarantine => {
+                format!("Quarantine ({})", spec.quarantine_effect().as_str())
+            }
+            other => other.as_str().to_string(),
+        },
     ]);
     if let Some(m) = &st.message {
         head.row(["Message:".to_string(), m.clone()]);
@@ -473,6 +533,38 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
             ]);
         }
         out.push_str(&t.render("  "));
+    }
+
+    if let Some(s) = &st.stopped {
+        out.push_str(&format!(
+            "\nStopped: revision {} by onFailure: {} ({} ago) on node(s) {}\n",
+            s.revision,
+            s.policy.as_str(),
+            age(Some(s.stopped_at.0), now),
+            list(&s.nodes, NODES_SHOWN)
+        ));
+        if let Some(q) = &s.quarantine {
+            let mut t = Table::new(&["NODE", "QUARANTINE", "EFFECT"]);
+            match (&q.driver, &q.resource) {
+                (Some(d), _) => {
+                    for p in &q.pools {
+                        t.row([
+                            p.node.clone(),
+                            format!("DeviceTaintRule: driver {d}, pool {}", p.pool),
+                            q.effect.clone(),
+                        ]);
+                    }
+                }
+                (_, Some(r)) => {
+                    for n in &q.nodes {
+                        t.row([n.clone(), format!("node taint for {r}"), q.effect.clone()]);
+                    }
+                }
+                _ => {}
+            }
+            out.push_str(&t.render("  "));
+            out.push_str("  (kubectl saferollout retry lifts it)\n");
+        }
     }
 
     out.push_str("\nBlocked revisions:\n");
@@ -783,6 +875,7 @@ mod tests {
             "blockedRevisions": [{"revision": "bad123", "reason": "GateFailed", "message": "0 GPUs",
                 "blockedAt": "2025-01-01T00:09:30Z"}],
             "progress": null, "stuckNodes": [],
+            "onFailure": "Revert", "stopped": null,
         });
         assert_eq!(got, want, "{text}");
 
@@ -822,6 +915,67 @@ mod tests {
         assert!(r.stages[0].approval);
         assert_eq!(r.stages[0].state.as_deref(), Some("Paused"));
         assert_eq!(r.phase.as_deref(), Some("Paused"));
+    }
+
+    #[test]
+    fn a_quarantined_rollout_shows_its_device_gates_and_what_is_out_of_service() {
+        let now = ts("2025-01-01T00:10:00Z");
+        let mut sr = rollout();
+        sr.spec.on_failure = saferollout_api::OnFailure::Quarantine;
+        sr.status = Some(SafeRolloutStatus {
+            phase: Some(Phase::Degraded),
+            current_stage: Some(0),
+            stages: vec![StageStatus {
+                index: 0,
+                nodes: vec!["gpu-1".into()],
+                state: StageState::Failed,
+                gates: vec![GateResult {
+                    gate: "resourceSlices".into(),
+                    status: GateStatus::Failed,
+                    reason: "SlicesWithdrawn".into(),
+                    message:
+                        "node gpu-1 pool gpu-1: driver gpu.example.com publishes no ResourceSlice"
+                            .into(),
+                    node: Some("gpu-1".into()),
+                    observed: Some("0".into()),
+                    expected: Some(">= 8".into()),
+                    since: Some(Time(ts("2025-01-01T00:09:00Z"))),
+                }],
+                ..Default::default()
+            }],
+            stopped: Some(saferollout_api::StoppedRollout {
+                revision: "bad123".into(),
+                policy: saferollout_api::OnFailure::Quarantine,
+                message: "gate resourceSlices failed on node gpu-1".into(),
+                nodes: vec!["gpu-1".into()],
+                stopped_at: Time(ts("2025-01-01T00:09:30Z")),
+                quarantine: Some(saferollout_api::QuarantineRecord {
+                    effect: "NoSchedule".into(),
+                    driver: Some("gpu.example.com".into()),
+                    resource: None,
+                    nodes: vec!["gpu-1".into()],
+                    pools: vec![saferollout_api::QuarantinedPool {
+                        node: "gpu-1".into(),
+                        pool: "gpu-1".into(),
+                    }],
+                }),
+            }),
+            ..Default::default()
+        });
+        let text = render(&sr, now);
+        for want in [
+            "On failure:        Quarantine (NoSchedule)",
+            "resourceSlices",
+            "SlicesWithdrawn",
+            "Stopped: revision bad123 by onFailure: Quarantine (30s ago) on node(s) gpu-1",
+            "DeviceTaintRule: driver gpu.example.com, pool gpu-1",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        let r = report(&sr);
+        assert_eq!(r.on_failure, "Quarantine");
+        let q = r.stopped.unwrap().quarantine.unwrap();
+        assert_eq!(q.pools, ["gpu-1/gpu-1"]);
     }
 
     #[test]

@@ -13,4 +13,8 @@ use std::marker::PhantomData;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Evidence<'a> {
     _borrowed: PhantomData<&'a ()>,
+    /// resourceSlices, claims, deviceHealth, deviceTaints, and the probes
+    /// and quarantine the rollout keeps: see [`crate::devices`]. `None`
+    /// when the runtime gathers none.
+    pub devices: Option<&'a crate::devices::DeviceEvidence<'a>>,
 }

@@ -14,8 +14,13 @@
 //! deadline passes, every gate still pending fails.
 
 pub mod allocatable;
+pub mod claims;
+pub mod device_health;
+pub mod device_taints;
 pub mod evidence;
 pub mod pods_ready;
+pub mod resource_slices;
+pub mod soak;
 
 pub use evidence::Evidence;
 
@@ -23,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use saferollout_api::{GateResult, GateStatus, SafeRolloutSpec};
+use saferollout_api::{GateResult, GateStatus, NodeDevices, SafeRolloutSpec};
 
 use crate::views::{AgentPod, NodeView, NodesByName, PodsByNode};
 
@@ -45,6 +50,11 @@ pub struct Snapshot<'a> {
     pub progress_deadline: Duration,
     /// What the other gates observe.
     pub evidence: &'a Evidence<'a>,
+    /// Per node: what the gated DRA driver published and the claims
+    /// allocated there before the stage touched the node.
+    pub device_baseline: &'a BTreeMap<String, NodeDevices>,
+    /// Nodes whose claims probe passed in this rollout.
+    pub probed: &'a BTreeSet<String>,
     pub now: Timestamp,
 }
 
@@ -76,6 +86,10 @@ pub struct Verdict {
     /// When a pending verdict may change with nothing else changing (a soak
     /// ending): the reconciler looks again then.
     pub recheck_after: Option<Duration>,
+    /// Something a person should hear about although the gate does not fail
+    /// (e.g. health taints a release cleared): a Warning Event when the
+    /// gate's reason first says so.
+    pub warning: Option<String>,
 }
 
 impl Verdict {
@@ -84,6 +98,7 @@ impl Verdict {
             result,
             violating: BTreeSet::new(),
             recheck_after: None,
+            warning: None,
         }
     }
 }
@@ -106,6 +121,32 @@ pub fn evaluate_all(
     for gate in spec.allocatable_gates() {
         let name = allocatable::gate_name(&gate.resource);
         verdicts.push(allocatable::evaluate(gate, snap, prev(&name)));
+    }
+    if let Some(g) = spec.gates.as_ref() {
+        if let Some(gate) = &g.resource_slices {
+            verdicts.push(resource_slices::evaluate(
+                gate,
+                snap,
+                prev(resource_slices::NAME),
+            ));
+        }
+        if let Some(gate) = &g.claims {
+            verdicts.push(claims::evaluate(gate, snap, prev(claims::NAME)));
+        }
+        if let Some(gate) = &g.device_health {
+            verdicts.push(device_health::evaluate(
+                gate,
+                snap,
+                prev(device_health::NAME),
+            ));
+        }
+        if let Some(gate) = &g.device_taints {
+            verdicts.push(device_taints::evaluate(
+                gate,
+                snap,
+                prev(device_taints::NAME),
+            ));
+        }
     }
     verdicts
 }
@@ -205,6 +246,8 @@ pub(crate) mod test_support {
         pub pods: BTreeMap<String, Vec<TestPod>>,
         pub node_states: BTreeMap<String, TestNode>,
         pub baseline: BTreeMap<String, BTreeMap<String, i64>>,
+        pub device_baseline: BTreeMap<String, NodeDevices>,
+        pub probed: BTreeSet<String>,
         pub now: Timestamp,
         pub without_progress: Duration,
     }
@@ -218,6 +261,8 @@ pub(crate) mod test_support {
                 pods: BTreeMap::new(),
                 node_states: BTreeMap::new(),
                 baseline: BTreeMap::new(),
+                device_baseline: BTreeMap::new(),
+                probed: BTreeSet::new(),
                 now: ts(100),
                 without_progress: Duration::ZERO,
             };
@@ -246,6 +291,15 @@ pub(crate) mod test_support {
 
         /// Borrows the world as views and runs `f` on its snapshot.
         pub fn with_snapshot<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
+            self.with_devices(None, f)
+        }
+
+        /// [`World::with_snapshot`] with device evidence.
+        pub fn with_devices<R>(
+            &self,
+            devices: Option<&crate::devices::DeviceEvidence>,
+            f: impl FnOnce(&Snapshot) -> R,
+        ) -> R {
             let pods: PodsByNode = self
                 .pods
                 .iter()
@@ -291,6 +345,8 @@ pub(crate) mod test_support {
                 .map(String::as_str)
                 .filter(|n| self.node_states.contains_key(*n))
                 .collect();
+            let mut evidence = Evidence::default();
+            evidence.devices = devices;
             let snap = Snapshot {
                 nodes: &nodes,
                 pods: &pods,
@@ -299,7 +355,9 @@ pub(crate) mod test_support {
                 baseline: &self.baseline,
                 without_progress: self.without_progress,
                 progress_deadline: Duration::from_secs(600),
-                evidence: &Evidence::default(),
+                evidence: &evidence,
+                device_baseline: &self.device_baseline,
+                probed: &self.probed,
                 now: self.now,
             };
             f(&snap)

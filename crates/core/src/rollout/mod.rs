@@ -31,6 +31,7 @@
 //! - a blocked revision is never rolled, and the last good template is backed
 //!   up before anything changes.
 
+mod devices;
 mod gitops;
 mod phase;
 mod replace;
@@ -56,6 +57,9 @@ use saferollout_api::{
 use crate::eligibility::eligibility;
 use crate::views::{AgentPod, DaemonSetView, NodesByName, PodsByNode};
 
+pub use devices::{
+    NodeTaint, QuarantineRule, probe_name, quarantined_nodes, rule_name, taint_key, taint_value,
+};
 pub use phase::set_stalled;
 
 /// Requests a person made through annotations on the SafeRollout.
@@ -152,6 +156,27 @@ pub enum Action {
     UnlabelNodes { nodes: Vec<String> },
     /// Delete these agent pods so the DaemonSet controller recreates them.
     DeletePods { pods: Vec<PodRef> },
+    /// Create the claims probe of `node` ([`probe_name`]): a pod pinned to
+    /// the node with a claim (for a DeviceClass probe, a ResourceClaim of the
+    /// same name), owned by the SafeRollout; AlreadyExists is fine.
+    CreateProbe {
+        name: String,
+        node: String,
+        revision: String,
+    },
+    /// Delete claims probes (pods, and the claims made for them).
+    DeleteProbes { names: Vec<String> },
+    /// Take devices out of service: DeviceTaintRules (DRA), node taints
+    /// (device plugins).
+    Quarantine {
+        rules: Vec<QuarantineRule>,
+        taints: Vec<NodeTaint>,
+    },
+    /// Put them back: delete these rules (by name), remove these taints.
+    LiftQuarantine {
+        rules: Vec<String>,
+        taints: Vec<NodeTaint>,
+    },
     Event {
         warning: bool,
         reason: String,
@@ -189,6 +214,9 @@ pub fn decide(o: &Observed) -> Decision {
     let mut actions = Vec::new();
     st.observed_generation = o.generation;
     let requeue_after = step(o, &mut st, &mut actions);
+    if o.owned_by_other.is_none() {
+        devices::sync(o, &st, &mut actions);
+    }
     if st.phase != o.status.phase {
         st.phase_transition_time = Some(Time(o.now));
     }
@@ -251,6 +279,11 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         && let Some(wait) = gitops::apply_spec_template(o, st, actions, current, &stable, t)
     {
         return wait;
+    }
+    if st.stopped.as_ref().is_some_and(|s| s.revision == current) {
+        // onFailure Quarantine or Halt: nothing more changes on this revision.
+        devices::hold(o, st);
+        return None;
     }
     if current == stable {
         return settle::settle(o, st, actions, ds, &stable);
@@ -359,6 +392,22 @@ fn handle_retry(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Acti
             false,
             "RetryRequested",
             format!("revision {retry} unblocked by the {RETRY_ANNOTATION} annotation"),
+        );
+    }
+    if let Some(stopped) = st.stopped.take_if(|s| s.revision == retry) {
+        let lifted = if stopped.quarantine.is_some() {
+            "; its quarantine is lifted"
+        } else {
+            ""
+        };
+        phase::event(
+            actions,
+            false,
+            "RetryRequested",
+            format!(
+                "revision {retry} (stopped by onFailure: {}) retried{lifted}",
+                stopped.policy.as_str()
+            ),
         );
     }
 }

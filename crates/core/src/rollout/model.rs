@@ -354,7 +354,7 @@ impl Model {
     }
 
     /// The nodes the DaemonSet covers now (truth).
-    fn covered_nodes(&self) -> BTreeSet<String> {
+    fn covered_node_set(&self) -> BTreeSet<String> {
         self.cluster
             .nodes
             .values()
@@ -416,7 +416,7 @@ impl Model {
         }
         // The DaemonSet controller: a pod on every covered node without one,
         // once the old one has terminated, only with updates OnDelete.
-        for node in self.covered_nodes() {
+        for node in self.covered_node_set() {
             let has_pod = self.cluster.pods.values().any(|p| p.node == node);
             if !has_pod {
                 let template = self.cluster.ds.template.clone();
@@ -427,7 +427,7 @@ impl Model {
         // A node that stops being covered (NotReady, tainted, gone) leaves the
         // budget: the DaemonSet controller does not count it either, and its
         // agent comes back when the node does, outside the operator's hands.
-        let covered = self.covered_nodes();
+        let covered = self.covered_node_set();
         self.disrupted.retain(|n| covered.contains(n));
         // A node whose agent serves again is no longer disrupted.
         let serving: BTreeSet<String> = self
@@ -678,12 +678,7 @@ impl Model {
                 }
             }
             Action::DeletePods { pods } => {
-                let exempt: BTreeSet<String> = self
-                    .status
-                    .stages
-                    .iter()
-                    .flat_map(|s| s.failed_nodes.iter().cloned())
-                    .collect();
+                let exempt = self.exempt_nodes();
                 for r in pods {
                     // The UID is a precondition of the delete.
                     let Some(p) = self.cluster.pods.get_mut(&r.uid) else {
@@ -704,8 +699,51 @@ impl Model {
                     p.ready = false;
                 }
             }
+            Action::Quarantine { taints, .. } => {
+                for t in taints {
+                    if let Some(node) = self.cluster.nodes.get_mut(&t.node) {
+                        node.taints.retain(|x| x.key != t.key);
+                        node.taints.push(Taint {
+                            key: t.key.clone(),
+                            value: Some(t.value.clone()),
+                            effect: t.effect.clone(),
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
+            Action::LiftQuarantine { taints, .. } => {
+                for t in taints {
+                    if let Some(node) = self.cluster.nodes.get_mut(&t.node) {
+                        node.taints.retain(|x| x.key != t.key);
+                    }
+                }
+            }
+            // The model has no device evidence: no probe is asked for.
+            Action::CreateProbe { .. } | Action::DeleteProbes { .. } => {
+                self.violations
+                    .push(format!("a probe action without a probe gate: {action:?}"));
+            }
             Action::Event { .. } => {}
         }
+    }
+
+    /// The nodes whose agent failed a gate, when the operator reverts them
+    /// itself (outside the budget): not under Quarantine or Halt, which keep
+    /// the budget.
+    fn exempt_nodes(&self) -> BTreeSet<String> {
+        let stopped =
+            self.status.stopped.as_ref().is_some_and(|s| {
+                self.status.target_revision.as_deref() == Some(s.revision.as_str())
+            });
+        if stopped {
+            return BTreeSet::new();
+        }
+        self.status
+            .stages
+            .iter()
+            .flat_map(|s| s.failed_nodes.iter().cloned())
+            .collect()
     }
 
     /// Rules on what a decision may do, judged on the snapshot it was made from.
@@ -718,8 +756,13 @@ impl Model {
     ) {
         let old = &self.status;
         let new = &d.status;
-        // A blocked revision never progresses.
-        for b in &old.blocked_revisions {
+        // A blocked revision never progresses (one a retry unblocks in this
+        // very pass is free again).
+        for b in old.blocked_revisions.iter().filter(|b| {
+            new.blocked_revisions
+                .iter()
+                .any(|n| n.revision == b.revision)
+        }) {
             if new.stable_revision.as_deref() == Some(b.revision.as_str())
                 && old.stable_revision != new.stable_revision
             {
@@ -742,6 +785,31 @@ impl Model {
             {
                 self.violations
                     .push(format!("blocked spec.template {h} written again"));
+            }
+        }
+        // A revision stopped by Quarantine or Halt never progresses: while
+        // the DaemonSet carries it nothing is replaced, restored or
+        // relabelled. (A retry of it in this very pass unblocks it; a new
+        // spec.template from Git is written over it, and the check above
+        // holds that the stopped one is never written again.)
+        if let Some(stopped) = old
+            .stopped
+            .as_ref()
+            .filter(|s| s.revision == ds_c.ds.template && new.stopped.as_ref() == Some(*s))
+        {
+            for a in &d.actions {
+                if matches!(
+                    a,
+                    Action::DeletePods { .. }
+                        | Action::RestoreLastGood
+                        | Action::LabelNodes { .. }
+                        | Action::UnlabelNodes { .. }
+                ) {
+                    self.violations.push(format!(
+                        "revision {} stopped by {:?}, yet {a:?}",
+                        stopped.revision, stopped.policy
+                    ));
+                }
             }
         }
         // A pod is deleted only where the DaemonSet controller will refill it.
@@ -815,16 +883,11 @@ impl Model {
 
     /// Rules on the cluster after each pass.
     fn check_cluster(&mut self) {
-        let exempt: BTreeSet<&String> = self
-            .status
-            .stages
-            .iter()
-            .flat_map(|s| s.failed_nodes.iter())
-            .collect();
+        let exempt = self.exempt_nodes();
         let counted: Vec<&String> = self
             .disrupted
             .iter()
-            .filter(|n| !exempt.contains(n))
+            .filter(|n| !exempt.contains(*n))
             .filter(|n| {
                 self.cluster
                     .nodes
@@ -833,7 +896,7 @@ impl Model {
             })
             .collect();
         let budget = self
-            .budget(self.covered_nodes().len())
+            .budget(self.covered_node_set().len())
             .max(self.budget_at_last_delete);
         if counted.len() > budget {
             self.violations.push(format!(
@@ -944,6 +1007,15 @@ impl Model {
                     .collect();
                 pods.len() == 1 && pods[0].revision == revision && pods[0].ready
             })
+    }
+
+    /// Nodes the DaemonSet covers now.
+    pub fn covered_nodes(&self) -> usize {
+        self.cluster
+            .nodes
+            .values()
+            .filter(|n| self.eligible_truth(n))
+            .count()
     }
 
     pub fn pods_on(&self, revision: &str) -> usize {

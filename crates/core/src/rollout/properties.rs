@@ -10,17 +10,23 @@
 //! - a blocked revision never becomes stable, is never written again from
 //!   spec.template, and no pod is deleted while the DaemonSet carries it;
 //! - no stage passes unless every node it holds runs a Ready pod of the target
-//!   and advertises within bounds, and a stage holding no node never passes.
+//!   and advertises within bounds, and a stage holding no node never passes;
+//! - with `onFailure: Quarantine` or `Halt`, a stopped revision never
+//!   progresses: while the DaemonSet carries it no pod is replaced, no
+//!   template written, no label changed; Quarantine keeps the budget (the
+//!   failed nodes are not exempt from it, since nothing reverts them).
 //!
 //! And at the end, once the faults stop and caches catch up: the rollout is
 //! Succeeded or Degraded, and every node the DaemonSet covers runs one Ready
-//! pod of the stable revision.
+//! pod of the stable revision; or it is stopped (Quarantined or Halted) on
+//! the revision the DaemonSet carries, with the failed nodes quarantined
+//! (node taint) under Quarantine and nothing quarantined under Halt.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 256).
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
-use saferollout_api::{DurationString, Phase, Stage};
+use saferollout_api::{DurationString, OnFailure, Phase, Stage};
 
 use super::model::{Lag, Losses, Model, Release};
 
@@ -36,6 +42,8 @@ enum Fault {
     /// Back to the template the rollout started from.
     RevertTemplate,
     Abort,
+    /// A person retries the last blocked revision.
+    Retry,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +64,7 @@ struct Scenario {
     deadline_secs: u32,
     release: Release,
     gitops: bool,
+    on_failure: OnFailure,
     steps: Vec<Step>,
 }
 
@@ -82,6 +91,7 @@ fn fault() -> impl Strategy<Value = Fault> {
         1 => release().prop_map(Fault::NewTemplate),
         1 => Just(Fault::RevertTemplate),
         1 => Just(Fault::Abort),
+        1 => Just(Fault::Retry),
     ]
 }
 
@@ -118,17 +128,34 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         20u32..120,
         release(),
         any::<bool>(),
+        prop_oneof![
+            3 => Just(OnFailure::Revert),
+            1 => Just(OnFailure::Quarantine),
+            1 => Just(OnFailure::Halt),
+        ],
         prop::collection::vec(step(), 20..250),
     )
         .prop_map(
-            |(nodes, max_unavailable, stages, deadline_secs, release, gitops, steps)| Scenario {
+            |(
                 nodes,
                 max_unavailable,
                 stages,
                 deadline_secs,
                 release,
                 gitops,
+                on_failure,
                 steps,
+            )| {
+                Scenario {
+                    nodes,
+                    max_unavailable,
+                    stages,
+                    deadline_secs,
+                    release,
+                    gitops,
+                    on_failure,
+                    steps,
+                }
             },
         )
 }
@@ -140,6 +167,7 @@ fn node_name(m: &Model, i: usize) -> Option<String> {
 
 fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     let mut m = Model::new(s.nodes);
+    m.spec.on_failure = s.on_failure;
     m.spec.max_unavailable = s.max_unavailable.clone();
     m.spec.progress_deadline = DurationString::new(format!("{}s", s.deadline_secs));
     m.spec.stages = s.stages.as_ref().map(|st| {
@@ -211,6 +239,13 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
                     }
                 }
                 Fault::Abort => m.abort = m.status.target_revision.clone(),
+                Fault::Retry => {
+                    m.retry = m
+                        .status
+                        .blocked_revisions
+                        .last()
+                        .map(|b| b.revision.clone())
+                }
             }
         }
         let lag = Lag {
@@ -249,6 +284,20 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.violations,
         m.trace.join("\n")
     );
+    if m.status.phase == Some(Phase::Failed) {
+        // The one way a healthy end can be Failed: every node left is out of
+        // service (quarantined), so a new revision has nothing to roll to.
+        let reason = crate::conditions::get(&m.status.conditions, crate::conditions::STALLED)
+            .map(|c| c.reason.clone());
+        prop_assert_eq!(
+            reason.as_deref(),
+            Some("NoEligibleNodes"),
+            "{:#?}",
+            m.status
+        );
+        prop_assert_eq!(m.covered_nodes(), 0, "{:#?}", m.cluster.nodes);
+        return Ok(());
+    }
     prop_assert!(
         matches!(
             m.status.phase,
@@ -258,6 +307,47 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.status.phase,
         m.status
     );
+    let quarantine_key = super::taint_key("ns.plugin");
+    let tainted: Vec<String> = m
+        .cluster
+        .nodes
+        .values()
+        .filter(|n| n.taints.iter().any(|t| t.key == quarantine_key))
+        .map(|n| n.name.clone())
+        .collect();
+    let quarantined: Vec<String> = m
+        .status
+        .stopped
+        .iter()
+        .flat_map(|s| s.quarantine.iter())
+        .flat_map(|q| q.nodes.iter())
+        .filter(|n| m.cluster.nodes.contains_key(*n))
+        .cloned()
+        .collect();
+    prop_assert_eq!(
+        &tainted,
+        &quarantined,
+        "node taints are what status records"
+    );
+    if let Some(stopped) = m
+        .status
+        .stopped
+        .clone()
+        .filter(|st| st.revision == m.cluster.ds.template)
+    {
+        // Stopped on the revision the DaemonSet carries: it says so and stays.
+        let reason = crate::conditions::get(&m.status.conditions, crate::conditions::STALLED)
+            .map(|c| c.reason.clone());
+        let want = match stopped.policy {
+            OnFailure::Quarantine => "Quarantined",
+            _ => "Halted",
+        };
+        prop_assert_eq!(m.status.phase, Some(Phase::Degraded));
+        prop_assert_eq!(reason.as_deref(), Some(want), "{:#?}", m.status);
+        prop_assert!(m.status.is_blocked(&stopped.revision));
+        prop_assert!(m.status.stable_revision.as_deref() != Some(stopped.revision.as_str()));
+        return Ok(());
+    }
     let stable = m.status.stable_revision.clone().unwrap_or_default();
     prop_assert!(
         m.status.stuck_nodes.is_empty(),

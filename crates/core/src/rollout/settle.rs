@@ -63,12 +63,17 @@ fn survey<'a>(
     stable: &str,
 ) -> Survey<'a> {
     let touched = touched(st);
+    let quarantined = super::quarantined_nodes(st);
     let mut s = Survey::default();
     for node in o.nodes.values() {
         let live: Vec<_> = live_pods(o.pods, node.name).collect();
         let off: Vec<_> = live.iter().filter(|p| p.revision != stable).collect();
         let elig = eligibility(node, &ds.placement);
         if !elig.is_eligible() {
+            // A quarantined node is out of service on purpose: left alone.
+            if quarantined.contains(node.name) {
+                continue;
+            }
             if let Some(p) = off.first() {
                 s.blocked.push(NodeNote {
                     node: node.name.to_string(),
@@ -134,8 +139,13 @@ pub(super) fn settle(
         .target_revision
         .as_deref()
         .is_some_and(|t| t != stable && is_blocked(st, t));
-    // Nodes whose agent failed a gate are reverted at once (outside the budget).
-    let exempt: BTreeSet<String> = if reverted {
+    // Nodes whose agent failed a gate are reverted at once (outside the
+    // budget), when the revert is the operator's own (onFailure: Revert).
+    let stopped = st
+        .stopped
+        .as_ref()
+        .is_some_and(|s| st.target_revision.as_deref() == Some(s.revision.as_str()));
+    let exempt: BTreeSet<String> = if reverted && !stopped {
         st.stages
             .iter()
             .flat_map(|s| s.failed_nodes.iter().cloned())

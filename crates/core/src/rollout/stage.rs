@@ -21,13 +21,13 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{
-    ABORT_ANNOTATION, BlockedRevision, GateResult, GateStatus, NodeNote, Phase, PreflightPolicy,
-    SafeRolloutStatus, Stage, StageState, StageStatus, resolve_count,
+    ABORT_ANNOTATION, BlockedRevision, GateResult, GateStatus, NodeDevices, NodeNote, OnFailure,
+    Phase, PreflightPolicy, SafeRolloutStatus, Stage, StageState, StageStatus, resolve_count,
 };
 
 use super::{
-    Action, Observed, approval_value, labelled_nodes, max_unavailable, phase, progress_deadline,
-    record_progress, replace,
+    Action, Observed, approval_value, devices, labelled_nodes, max_unavailable, phase,
+    progress_deadline, record_progress, replace,
 };
 use crate::conditions::{self, DEGRADED, PREFLIGHT_PASSED};
 use crate::eligibility::eligibility;
@@ -82,6 +82,18 @@ pub(super) fn roll(
         .filter(|s| s.index as usize <= index)
         .flat_map(|s| s.baseline.clone())
         .collect();
+    let device_baseline: BTreeMap<String, NodeDevices> = st
+        .stages
+        .iter()
+        .filter(|s| s.index as usize <= index)
+        .flat_map(|s| s.device_baseline.clone())
+        .collect();
+    let probed: BTreeSet<String> = st
+        .stages
+        .iter()
+        .filter(|s| s.index as usize <= index)
+        .flat_map(|s| s.probed.iter().cloned())
+        .collect();
     let on_target_ready = rollout_nodes
         .iter()
         .filter(|n| live_pods(o.pods, n).any(|p| p.revision == target && p.running && p.ready))
@@ -107,10 +119,14 @@ pub(super) fn roll(
         without_progress,
         progress_deadline: deadline,
         evidence: o.evidence,
+        device_baseline: &device_baseline,
+        probed: &probed,
         now: o.now,
     };
     let verdicts = gates::evaluate_all(o.spec, &snapshot, &st.stages[stage_pos].gates);
+    devices::warn_once(actions, &st.stages[stage_pos].gates, &verdicts);
     st.stages[stage_pos].gates = verdicts.iter().map(|v| v.result.clone()).collect();
+    devices::record_probes(o, &snapshot, &mut st.stages[stage_pos]);
 
     let aborted = (o.requests.abort == Some(target)).then(|| GateResult {
         gate: "manual".into(),
@@ -352,6 +368,9 @@ fn reconcile_membership(
             .map(|r| (r.to_string(), view.allocatable_count(r)))
             .collect();
         stage.baseline.insert(n.clone(), per_res);
+        if let Some(devices) = devices::capture_baseline(o, n) {
+            stage.device_baseline.insert(n.clone(), devices);
+        }
     }
     for n in &added {
         stage.skipped.retain(|s| &s.node != n);
@@ -474,8 +493,20 @@ fn fail_stage(
         o.now,
     );
     st.progress = None;
-    phase::event(actions, true, "GateFailed", message);
-    actions.push(Action::RestoreLastGood);
+    phase::event(actions, true, "GateFailed", message.clone());
+    // A person's abort reverts whatever the policy says.
+    let policy = if failure.reason == "Aborted" && failure.gate == "manual" {
+        OnFailure::Revert
+    } else {
+        o.spec.on_failure
+    };
+    match policy {
+        OnFailure::Revert => actions.push(Action::RestoreLastGood),
+        OnFailure::Quarantine | OnFailure::Halt => {
+            let nodes = st.stages[stage_pos].failed_nodes.clone();
+            devices::stop(o, st, actions, target, policy, message, nodes);
+        }
+    }
 }
 
 /// When to look again: when a soaking gate may have soaked, or at the deadline.

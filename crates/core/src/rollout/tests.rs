@@ -776,3 +776,174 @@ fn requeue_waits_exactly_for_a_soak() {
     );
     let _ = GPUS;
 }
+
+fn stalled_reason(m: &Model) -> Option<String> {
+    conditions::get(&m.status.conditions, conditions::STALLED)
+        .filter(|c| c.status == "True")
+        .map(|c| c.reason.clone())
+}
+
+fn only_events(actions: &[Action]) -> bool {
+    actions.iter().all(|a| matches!(a, Action::Event { .. }))
+}
+
+#[test]
+fn quarantine_keeps_the_new_release_stops_and_taints_the_failed_node() {
+    use saferollout_api::OnFailure;
+    let mut m = settled(6);
+    m.spec.on_failure = OnFailure::Quarantine;
+    m.write_revision("v2", Release::Broken);
+    m.run(200);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert_eq!(stalled_reason(&m).as_deref(), Some("Quarantined"));
+    assert_eq!(degraded_reason(&m).as_deref(), Some("AllocatableFailed"));
+    assert_eq!(
+        m.cluster.ds.template, "v2",
+        "the new release stays on the DaemonSet"
+    );
+    let canary = m.touched["v2"].iter().next().unwrap().clone();
+    assert_eq!(m.touched["v2"].len(), 1, "nothing beyond the canary");
+    assert!(
+        m.cluster
+            .pods
+            .values()
+            .any(|p| p.node == canary && p.revision == "v2" && p.terminating.is_none()),
+        "the failed node keeps the new release"
+    );
+    let stopped = m.status.stopped.clone().expect("stopped");
+    assert_eq!(stopped.nodes, std::slice::from_ref(&canary));
+    let taint = |m: &Model, node: &str| {
+        m.cluster.nodes[node]
+            .taints
+            .iter()
+            .find(|t| t.key == taint_key("ns.plugin"))
+            .cloned()
+    };
+    let t = taint(&m, &canary).expect("the failed node is tainted");
+    assert_eq!(
+        (t.value.as_deref(), t.effect.as_str()),
+        (Some("example.com_gpu"), "NoSchedule")
+    );
+    assert!(
+        m.cluster
+            .nodes
+            .keys()
+            .filter(|n| **n != canary)
+            .all(|n| taint(&m, n).is_none()),
+        "only the failed node"
+    );
+    // Nothing more changes.
+    let logged = m.actions_log.len();
+    m.run(50);
+    assert!(
+        only_events(&m.actions_log[logged..]),
+        "{:?}",
+        &m.actions_log[logged..]
+    );
+    assert_eq!(m.touched["v2"].len(), 1);
+    // A fixed release and a retry of the quarantined one: the quarantine is
+    // lifted and the fix rolls everywhere.
+    m.write_revision("v3", Release::Healthy);
+    for _ in 0..20 {
+        m.one_reconcile();
+    }
+    assert_eq!(m.status.target_revision.as_deref(), Some("v3"));
+    assert!(
+        taint(&m, &canary).is_some(),
+        "a new release does not lift the quarantine"
+    );
+    m.retry = Some("v2".into());
+    m.run(600);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.status.stopped.is_none());
+    assert!(taint(&m, &canary).is_none(), "retry lifts the quarantine");
+    assert!(m.all_on("v3"));
+    no_violations(&m);
+}
+
+#[test]
+fn halt_changes_nothing_more() {
+    use saferollout_api::OnFailure;
+    let mut m = settled(6);
+    m.spec.on_failure = OnFailure::Halt;
+    m.write_revision("v2", Release::Broken);
+    m.run(200);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert_eq!(stalled_reason(&m).as_deref(), Some("Halted"));
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert!(
+        ready.message.contains("onFailure: Halt"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::Event { reason, .. } if reason == "Halted")),
+        "an Event says so"
+    );
+    assert_eq!(m.cluster.ds.template, "v2", "the template is not restored");
+    assert!(!m.actions_log.contains(&Action::RestoreLastGood));
+    let labelled: Vec<String> = m.labelled().into_iter().cloned().collect();
+    assert_eq!(labelled.len(), 1, "the canary keeps its labels");
+    let pods: Vec<(String, String)> = m
+        .cluster
+        .pods
+        .values()
+        .map(|p| (p.uid.clone(), p.revision.clone()))
+        .collect();
+    let logged = m.actions_log.len();
+    m.run(50);
+    assert!(
+        only_events(&m.actions_log[logged..]),
+        "{:?}",
+        &m.actions_log[logged..]
+    );
+    let after: Vec<(String, String)> = m
+        .cluster
+        .pods
+        .values()
+        .map(|p| (p.uid.clone(), p.revision.clone()))
+        .collect();
+    assert_eq!(pods, after, "no pod replaced");
+    assert!(
+        m.cluster.nodes.values().all(|n| n.taints.is_empty()),
+        "nothing quarantined"
+    );
+    // A person writing the last good template back reverts as usual.
+    m.write_revision("v1", Release::Healthy);
+    m.run(300);
+    assert!(m.all_on("v1"));
+    assert!(m.labelled().is_empty());
+    no_violations(&m);
+}
+
+#[test]
+fn quarantine_at_a_later_stage_keeps_the_budget() {
+    use saferollout_api::OnFailure;
+    let mut m = settled(8);
+    m.spec.on_failure = OnFailure::Quarantine;
+    m.spec.stages = Some(stages(&[("1", false), ("50%", false), ("100%", false)]));
+    m.write_revision("v2", Release::BrokenInZoneB);
+    m.run(400);
+    assert_eq!(
+        stalled_reason(&m).as_deref(),
+        Some("Quarantined"),
+        "{:#?}",
+        m.status
+    );
+    let failed = &m.status.stopped.as_ref().unwrap().nodes;
+    assert!(!failed.is_empty());
+    for n in failed {
+        assert!(
+            m.cluster.nodes[n]
+                .taints
+                .iter()
+                .any(|t| t.key == taint_key("ns.plugin"))
+        );
+    }
+    // Nodes that got the release keep it; no revert happened.
+    assert!(m.pods_on("v2") >= 2, "{}", m.pods_on("v2"));
+    assert!(!m.actions_log.contains(&Action::RestoreLastGood));
+    no_violations(&m);
+}

@@ -105,6 +105,9 @@ pub struct Caches {
     pub nodes: Store<Node>,
     /// Parsed templates of the ControllerRevisions (forgotten when one goes).
     pub templates: super::snapshot::TemplateCache,
+    /// What the device gates read (slices, claims, probes, quarantine
+    /// rules, the workload pods of held nodes).
+    pub devices: super::devices::DeviceCaches,
     /// True once every store has been listed (see [`Caches::wait_until_synced`]).
     synced: tokio::sync::watch::Receiver<bool>,
 }
@@ -148,6 +151,7 @@ async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>
         let _ = s.wait_until_ready().await;
     }
     let _ = caches.nodes.wait_until_ready().await;
+    super::devices::wait_synced(&caches.devices).await;
     let _ = tx.send(true);
 }
 
@@ -227,9 +231,12 @@ mod prune {
 pub fn start(
     client: &Client,
     namespaces: &[String],
+    device_apis: &super::devices::DeviceApis,
     metrics: &Arc<Metrics>,
     triggers: &Arc<Triggers>,
 ) -> Arc<Caches> {
+    let (devices, device_writers) =
+        super::devices::stores(device_apis, namespaces, client, metrics, triggers);
     let pods_config = || watcher::Config::default().labels(REVISION_HASH_LABEL);
     let (nodes, nodes_writer) = reflector::store::<Node>();
     let (all_rollouts, all_rollouts_writer) = reflector::store::<SafeRollout>();
@@ -243,6 +250,7 @@ pub fn start(
         pods: ns_stores(),
         revisions: ns_stores(),
         nodes,
+        devices,
     };
     let mut writers = Writers::default();
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
@@ -313,6 +321,7 @@ pub fn start(
             move |ev| r.revision_event(ev),
         );
     }
+    super::devices::spawn(client, &caches, device_writers, metrics, triggers);
     let r = route.clone();
     let mut fingerprints: HashMap<String, u64> = HashMap::new();
     reflect(

@@ -12,6 +12,8 @@
 //!   written moments ago, a dry-run result): losing it on restart is safe.
 
 pub mod caches;
+pub mod device_writes;
+pub mod devices;
 pub mod error;
 pub mod snapshot;
 pub mod writes;
@@ -219,6 +221,9 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     };
     let preflight = run_preflight(sr, ctx, &world, &status).await;
     let id = ctx.rollout_id(key);
+    let device_evidence = world.devices.evidence();
+    let mut evidence = saferollout_core::gates::Evidence::default();
+    evidence.devices = Some(&device_evidence);
     let (decision, nodes) = ctx.memory(key, |m| {
         snapshot::decide(
             sr,
@@ -233,7 +238,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
                     }),
                 preflight: preflight.as_ref(),
                 rollout_id: &id,
-                evidence: Default::default(),
+                evidence,
                 now,
             },
             &mut m.expectations,
@@ -253,6 +258,11 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
 
     // Status first: the plan and baselines are durable before any node is touched.
     writes::status(sr, ctx, key, &status, &new_status).await?;
+    // The workload pods of the nodes this rollout now holds, for its device gates.
+    ctx.caches
+        .devices
+        .node_pods
+        .set_wants(key, devices::pods_wanted(sr, &new_status));
     let changes = transitions::between(&status, &new_status);
     ctx.metrics.record_transitions(&key.0, &key.1, &changes);
     ctx.metrics.observe_status(
@@ -432,6 +442,13 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
     if !labelled.is_empty() {
         writes::unlabel(ctx, &labelled).await?;
     }
+    // Quarantine rules and taints cannot be owned by the SafeRollout (rules
+    // are cluster-scoped): they go here, with any probe left.
+    device_writes::clean_up(sr, ctx, key).await?;
+    ctx.caches
+        .devices
+        .node_pods
+        .set_wants(key, Default::default());
     ctx.metrics.forget(&key.0, &key.1);
     ctx.forget(key);
     Ok(Requeue::await_change())
@@ -441,6 +458,11 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
 pub struct Options {
     /// Watch only these namespaces (empty: all).
     pub namespaces: Vec<String>,
+    /// Watch what the device gates read (ResourceSlices, ResourceClaims,
+    /// workload pods of held nodes, DeviceTaintRules).
+    pub device_gates: bool,
+    /// Held nodes watched one by one before one cluster-wide pod watch.
+    pub per_node_pod_watches: usize,
 }
 
 /// Runs the controller until shutdown: caches always, the work queue while
@@ -454,7 +476,15 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     wait_for_api(&client, &options.namespaces).await?;
     let triggers = Arc::new(Triggers::default());
-    let caches = caches::start(&client, &options.namespaces, &metrics, &triggers);
+    let mut device_apis = devices::discover(&client, options.device_gates).await;
+    device_apis.per_node_watches = options.per_node_pod_watches;
+    let caches = caches::start(
+        &client,
+        &options.namespaces,
+        &device_apis,
+        &metrics,
+        &triggers,
+    );
     {
         let (caches, metrics) = (caches.clone(), metrics.clone());
         tokio::spawn(async move {

@@ -37,6 +37,8 @@ pub struct World {
     nodes: Vec<Arc<Node>>,
     /// The older SafeRollout that targets the same DaemonSet, if any.
     pub owned_by_other: Option<String>,
+    /// What the device gates read.
+    pub devices: super::devices::DeviceWorld,
 }
 
 /// Parsed ControllerRevision templates, by UID and resource version: a
@@ -152,6 +154,7 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
         pods,
         nodes: caches.nodes.state(),
         owned_by_other,
+        devices: super::devices::gather(sr, &caches.devices),
     }
 }
 

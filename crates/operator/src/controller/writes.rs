@@ -173,6 +173,24 @@ pub async fn perform(
             patch_nodes(ctx, nodes, labels).await.map(|_| None)
         }
         Action::DeletePods { pods } => delete_pods(ctx, key, pods).await.map(|_| None),
+        Action::CreateProbe {
+            name,
+            node,
+            revision,
+        } => super::device_writes::create_probe(sr, ctx, key, name, node, revision)
+            .await
+            .map(|_| None),
+        Action::DeleteProbes { names } => super::device_writes::delete_probes(ctx, key, names)
+            .await
+            .map(|_| None),
+        Action::Quarantine { rules, taints } => {
+            super::device_writes::quarantine(ctx, key, rules, taints)
+                .await
+                .map(|_| None)
+        }
+        Action::LiftQuarantine { rules, taints } => super::device_writes::lift(ctx, rules, taints)
+            .await
+            .map(|_| None),
         Action::Event {
             warning,
             reason,

@@ -3,6 +3,8 @@
 //! plugin and its rollout.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod dra;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

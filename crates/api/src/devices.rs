@@ -1,0 +1,917 @@
+//! The device gates (what a DRA driver publishes and what workloads see of
+//! their devices) and the failure policy for drivers that cannot go back:
+//! their spec types, schemas (CEL rules with field-named messages),
+//! client-side validation and status records.
+//!
+//! - `gates.resourceSlices`: the driver's ResourceSlices per node, complete and
+//!   within bounds (devices, shared counters, capacity) of the baseline;
+//! - `gates.claims`: ResourceClaims allocated on a node before its driver was
+//!   replaced stay allocated and their pods do not fail; optionally a probe
+//!   claim the real scheduler must allocate on each node;
+//! - `gates.deviceHealth`: `allocatedResourcesStatus` of the workloads on the
+//!   rollout's nodes (device plugins and DRA drivers);
+//! - `gates.deviceTaints`: devices newly tainted by the release, or health
+//!   taints it silently cleared;
+//! - `spec.onFailure`: `Revert` (default), `Quarantine` or `Halt`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::consts::BASELINE;
+use crate::duration::DurationString;
+use crate::intstr::{Bound, BoundError, parse_bound};
+use crate::schema::{EXTENDED_RESOURCE_REGEX, INT32_MAX, duration, rule};
+
+// ---------------------------------------------------------------------------
+// Spec
+
+/// `gates.resourceSlices`: per node of the rollout, once its new driver pod is
+/// Ready, the driver's ResourceSlices for the node's pool(s) are published and
+/// complete (every slice of the pool's newest generation present, as many as
+/// `resourceSliceCount` says; older generations do not count), the number of
+/// devices stays within bounds, and the pool's shared counters and device
+/// capacities stay within the baseline's (so a release that over-advertises
+/// memory is caught even with the right device count). Decided once the
+/// observation held for `soak`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = devices_bounds_rule)]
+pub struct ResourceSlicesGate {
+    /// The DRA driver, e.g. gpu.nvidia.com (`spec.driver` of its slices).
+    #[schemars(schema_with = "driver_name")]
+    pub driver: String,
+
+    /// Floor of the devices in the node's pools: "baseline" (what the driver
+    /// published before the stage touched the node; a node without one needs
+    /// at least one device) or a number. With "baseline", no shared counter
+    /// or capacity total may drop below the baseline's either.
+    #[serde(default = "default_bound")]
+    #[schemars(schema_with = "devices_min")]
+    pub min_devices: IntOrString,
+
+    /// Ceiling of the devices: "baseline" (no ceiling on a node without one)
+    /// or a number. With "baseline", no shared counter or capacity total may
+    /// exceed the baseline's either.
+    #[serde(default = "default_bound")]
+    #[schemars(schema_with = "devices_max")]
+    pub max_devices: IntOrString,
+
+    /// How long the observation must hold before the gate decides. The default
+    /// is longer than the kubelet's 30 s grace before it removes the slices of
+    /// a driver that stopped, so a new driver that never publishes is not
+    /// judged on the slices its predecessor left.
+    #[serde(default = "default_slices_soak")]
+    #[schemars(schema_with = "slices_soak")]
+    pub soak: DurationString,
+}
+
+/// `gates.claims`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimsGate {
+    /// The DRA driver whose claims are judged.
+    #[schemars(schema_with = "driver_name")]
+    pub driver: String,
+
+    /// A probe per node: a ResourceClaim that the real scheduler must
+    /// allocate on the node's devices, for a short-lived pod pinned to the
+    /// node, within `timeout`. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ClaimProbe>,
+}
+
+/// The probe of `gates.claims`. Probe pods and claims are created in the
+/// SafeRollout's namespace, owned by the SafeRollout, one per node of a
+/// stage once its new driver pod is Ready, and deleted when their node passed
+/// or the stage ends.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = probe_rule)]
+pub struct ClaimProbe {
+    /// Ask for one device of this DeviceClass (the operator creates the claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "object_name")]
+    pub device_class_name: Option<String>,
+
+    /// Or: a ResourceClaimTemplate in the SafeRollout's namespace (the claim
+    /// controller creates the claim from it for the probe pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "object_name")]
+    pub claim_template_name: Option<String>,
+
+    /// The probe pod's image. It only has to start: the probe passes once the
+    /// claim is allocated on the node and the pod is bound there (and fails
+    /// if the pod fails).
+    #[serde(default = "default_probe_image")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+
+    /// Labels for the probe pod (e.g. to let an admission policy or a
+    /// simulated kubelet recognise it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+
+    /// Tolerations for the probe pod (GPU nodes are often tainted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub tolerations: Vec<Toleration>,
+
+    /// How long the scheduler has to allocate the claim on the node.
+    #[serde(default = "default_probe_timeout")]
+    #[schemars(schema_with = "probe_timeout")]
+    pub timeout: DurationString,
+}
+
+/// `gates.deviceHealth`: per node of the rollout, the
+/// `containerStatuses[].allocatedResourcesStatus` that the kubelet reports
+/// for workload pods (KEP-4680): every entry for the gated devices must read
+/// Healthy. An Unhealthy or Unknown entry fails the gate once it has lasted
+/// the handover window (the kubelet reports Unknown for about 30 s while a
+/// driver's health stream is gone); the gate passes once every node has been
+/// clear for the window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = health_rule)]
+pub struct DeviceHealthGate {
+    /// A DRA driver: entries whose resourceID is `<driver>/<pool>/<device>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_driver_name")]
+    pub driver: Option<String>,
+
+    /// Or a device plugin's extended resource, e.g. nvidia.com/gpu.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "health_resource")]
+    pub resource: Option<String>,
+
+    /// How long an entry may read Unhealthy or Unknown (and how long every
+    /// node must be clear before the gate passes).
+    #[serde(default = "default_handover")]
+    #[schemars(schema_with = "handover")]
+    pub handover: DurationString,
+}
+
+/// What a release that clears health taints the old driver had set does to
+/// `gates.deviceTaints`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ClearedTaints {
+    /// The gate passes, with reason TaintsCleared and a Warning Event.
+    #[default]
+    Report,
+    /// The gate fails.
+    Fail,
+}
+
+/// `gates.deviceTaints`: the taints on the driver's devices in the node's
+/// slices are recorded before the stage touches the node; a release that
+/// taints a device that was not tainted fails; a release that clears a taint
+/// the old driver had set ("health laundering") is reported, or fails with
+/// `clearedTaints: Fail`. A node without a baseline needs one untainted device.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTaintsGate {
+    /// The DRA driver whose devices are judged.
+    #[schemars(schema_with = "driver_name")]
+    pub driver: String,
+
+    /// Report (default) or Fail.
+    #[serde(default)]
+    pub cleared_taints: ClearedTaints,
+
+    /// How long the observation must hold before the gate decides.
+    #[serde(default = "default_taints_soak")]
+    #[schemars(schema_with = "taints_soak")]
+    pub soak: DurationString,
+}
+
+/// What the operator does when a gate fails.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum OnFailure {
+    /// Block the revision and bring every node back to the last good
+    /// template (nodes whose agent failed first).
+    #[default]
+    Revert,
+    /// For drivers that cannot go back: block the revision, replace nothing
+    /// more, keep the new driver where it runs, and take the failed nodes'
+    /// devices out of service (a DeviceTaintRule per node for a DRA driver,
+    /// a node taint for a device plugin) until a retry or the SafeRollout's
+    /// deletion.
+    Quarantine,
+    /// Block the revision and change nothing more.
+    Halt,
+}
+
+impl OnFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnFailure::Revert => "Revert",
+            OnFailure::Quarantine => "Quarantine",
+            OnFailure::Halt => "Halt",
+        }
+    }
+}
+
+/// The effect of a quarantine.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum QuarantineEffect {
+    /// No new workload gets the devices (or, for a device plugin, the node).
+    #[default]
+    NoSchedule,
+    /// Also evicts the workloads that use them.
+    NoExecute,
+}
+
+impl QuarantineEffect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuarantineEffect::NoSchedule => "NoSchedule",
+            QuarantineEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+/// `spec.quarantine`: how `onFailure: Quarantine` takes devices out of
+/// service. What is quarantined defaults to what the gates name: the DRA
+/// driver of the device gates, else the device plugin's resource of
+/// `gates.deviceHealth` or the first `gates.allocatable` entry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantineSpec {
+    /// NoSchedule (default) or NoExecute.
+    #[serde(default)]
+    pub effect: QuarantineEffect,
+    /// The DRA driver whose devices are tainted (a DeviceTaintRule per node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_driver_name")]
+    pub driver: Option<String>,
+    /// Or the device plugin's extended resource (a node taint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "health_resource")]
+    pub resource: Option<String>,
+}
+
+fn default_bound() -> IntOrString {
+    IntOrString::String(BASELINE.to_string())
+}
+fn default_slices_soak() -> DurationString {
+    DurationString::from("40s")
+}
+fn default_taints_soak() -> DurationString {
+    DurationString::from("10s")
+}
+fn default_handover() -> DurationString {
+    DurationString::from("30s")
+}
+fn default_probe_timeout() -> DurationString {
+    DurationString::from("2m")
+}
+fn default_probe_image() -> String {
+    DEFAULT_PROBE_IMAGE.to_string()
+}
+
+/// The probe pod's image when none is given: it only has to start.
+pub const DEFAULT_PROBE_IMAGE: &str = "registry.k8s.io/pause:3.10";
+
+impl ResourceSlicesGate {
+    /// A gate on `driver` with the defaults (baseline bounds, 40 s soak).
+    pub fn new(driver: impl Into<String>) -> Self {
+        Self {
+            driver: driver.into(),
+            min_devices: default_bound(),
+            max_devices: default_bound(),
+            soak: default_slices_soak(),
+        }
+    }
+
+    pub fn min_bound(&self) -> Result<Bound, BoundError> {
+        parse_bound(&self.min_devices, false)
+    }
+
+    pub fn max_bound(&self) -> Result<Bound, BoundError> {
+        parse_bound(&self.max_devices, false)
+    }
+}
+
+impl DeviceTaintsGate {
+    pub fn new(driver: impl Into<String>) -> Self {
+        Self {
+            driver: driver.into(),
+            cleared_taints: ClearedTaints::Report,
+            soak: default_taints_soak(),
+        }
+    }
+}
+
+impl DeviceHealthGate {
+    /// A gate on a DRA driver's devices.
+    pub fn for_driver(driver: impl Into<String>) -> Self {
+        Self {
+            driver: Some(driver.into()),
+            resource: None,
+            handover: default_handover(),
+        }
+    }
+
+    /// A gate on a device plugin's resource.
+    pub fn for_resource(resource: impl Into<String>) -> Self {
+        Self {
+            driver: None,
+            resource: Some(resource.into()),
+            handover: default_handover(),
+        }
+    }
+}
+
+impl ClaimProbe {
+    /// A probe asking for one device of `class`.
+    pub fn for_class(class: impl Into<String>) -> Self {
+        Self {
+            device_class_name: Some(class.into()),
+            claim_template_name: None,
+            image: default_probe_image(),
+            labels: BTreeMap::new(),
+            tolerations: Vec::new(),
+            timeout: default_probe_timeout(),
+        }
+    }
+}
+
+/// What `onFailure: Quarantine` takes out of service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuarantineTarget {
+    /// A DRA driver's devices: DeviceTaintRules.
+    Driver(String),
+    /// A device plugin's resource: a node taint.
+    Resource(String),
+}
+
+impl crate::spec::SafeRolloutSpec {
+    /// The one DRA driver the device gates name (the schema makes them agree).
+    pub fn device_driver(&self) -> Option<&str> {
+        let g = self.gates.as_ref()?;
+        g.resource_slices
+            .as_ref()
+            .map(|s| s.driver.as_str())
+            .or(g.claims.as_ref().map(|c| c.driver.as_str()))
+            .or(g.device_taints.as_ref().map(|t| t.driver.as_str()))
+            .or(g.device_health.as_ref().and_then(|h| h.driver.as_deref()))
+    }
+
+    /// What a quarantine takes out of service: `spec.quarantine`'s driver or
+    /// resource, else the driver of the device gates, else the device
+    /// plugin's resource of `gates.deviceHealth` or `gates.allocatable[0]`.
+    pub fn quarantine_target(&self) -> Option<QuarantineTarget> {
+        let q = self.quarantine.as_ref();
+        if let Some(d) = q.and_then(|q| q.driver.as_ref()) {
+            return Some(QuarantineTarget::Driver(d.clone()));
+        }
+        if let Some(r) = q.and_then(|q| q.resource.as_ref()) {
+            return Some(QuarantineTarget::Resource(r.clone()));
+        }
+        if let Some(d) = self.device_driver() {
+            return Some(QuarantineTarget::Driver(d.to_string()));
+        }
+        let g = self.gates.as_ref()?;
+        g.device_health
+            .as_ref()
+            .and_then(|h| h.resource.clone())
+            .or_else(|| g.allocatable.first().map(|a| a.resource.clone()))
+            .map(QuarantineTarget::Resource)
+    }
+
+    /// The quarantine's effect.
+    pub fn quarantine_effect(&self) -> QuarantineEffect {
+        self.quarantine
+            .as_ref()
+            .map(|q| q.effect)
+            .unwrap_or_default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Status
+
+/// What a node had of the gated DRA driver before the stage touched it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDevices {
+    /// The pools the driver published for the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
+    /// Devices published in those pools.
+    #[serde(default)]
+    pub devices: i64,
+    /// Total of each shared counter (e.g. memory) over the pools.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, i64>,
+    /// Total of each device capacity (e.g. memory) over the devices.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, i64>,
+    /// Tainted devices, `<device>: <key>=<value>:<effect>`, sorted; at most
+    /// 64 (`taintsTotal` counts them all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
+    #[serde(default)]
+    pub taints_total: i64,
+    /// ResourceClaims allocated on the node and reserved for a pod,
+    /// `<namespace>/<name>`, sorted; at most 64 (`claimsTotal` counts them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<String>,
+    #[serde(default)]
+    pub claims_total: i64,
+}
+
+/// Most taints and claims recorded per node (the rest are counted).
+pub const MAX_RECORDED: usize = 64;
+
+/// A rollout stopped by `onFailure: Quarantine` or `Halt`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoppedRollout {
+    /// The revision whose gate failed; nothing more changes while the
+    /// DaemonSet carries it.
+    pub revision: String,
+    /// Quarantine or Halt.
+    pub policy: OnFailure,
+    /// Which gate failed where.
+    #[serde(default)]
+    pub message: String,
+    /// The nodes whose agent failed the gate (they keep the new release).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    pub stopped_at: Time,
+    /// What is out of service, for Quarantine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<QuarantineRecord>,
+}
+
+/// What a quarantine took out of service; removed by a retry of the
+/// revision or the SafeRollout's deletion.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantineRecord {
+    /// NoSchedule or NoExecute.
+    pub effect: String,
+    /// DRA: the driver whose devices a DeviceTaintRule per node and pool
+    /// taints with `saferollout.dev/quarantine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// Device plugin: the resource; each node gets the taint
+    /// `quarantine.saferollout.dev/<rollout>=<resource>:<effect>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// The nodes out of service (those whose agent failed, with those of an
+    /// earlier quarantine still in force).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// DRA: the pools taken out of service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<QuarantinedPool>,
+}
+
+/// One node's pool under quarantine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantinedPool {
+    pub node: String,
+    pub pool: String,
+}
+
+// ---------------------------------------------------------------------------
+// Schema
+
+/// Message of the rule on a DRA driver name.
+pub const MSG_DRIVER: &str =
+    "must be a DRA driver name: a DNS subdomain of at most 63 characters, such as gpu.nvidia.com";
+/// Message of the rule on `minDevices`.
+pub const MSG_MIN_DEVICES: &str =
+    "gates.resourceSlices.minDevices must be \"baseline\" or an integer >= 0";
+/// Message of the rule on `maxDevices`.
+pub const MSG_MAX_DEVICES: &str =
+    "gates.resourceSlices.maxDevices must be \"baseline\" or an integer >= 0";
+/// Message of the rule comparing them.
+pub const MSG_MIN_ABOVE_MAX_DEVICES: &str =
+    "gates.resourceSlices.minDevices must not be greater than maxDevices";
+/// Message of the rule on `deviceHealth`.
+pub const MSG_HEALTH_ONE_OF: &str = "gates.deviceHealth must set exactly one of driver (a DRA driver's devices) or resource (a device plugin's extended resource)";
+/// Message of the rule on `deviceHealth.resource` and `quarantine.resource`.
+pub const MSG_HEALTH_RESOURCE: &str = "must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
+/// Message of the rule on `claims.probe`.
+pub const MSG_PROBE_ONE_OF: &str =
+    "gates.claims.probe must set exactly one of deviceClassName or claimTemplateName";
+/// Message of the rule on an object name.
+pub const MSG_OBJECT_NAME: &str =
+    "must be an object name: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')";
+/// Message of the rule that the device gates name one driver.
+pub const MSG_ONE_DRIVER: &str = "gates.resourceSlices, gates.claims, gates.deviceTaints and gates.deviceHealth must name the same driver (one DRA driver per SafeRollout)";
+/// Message of the rule that Quarantine has something to quarantine.
+pub const MSG_QUARANTINE_TARGET: &str = "onFailure: Quarantine needs devices to quarantine: a DRA driver (gates.resourceSlices, claims, deviceTaints or deviceHealth.driver, or quarantine.driver) or a device plugin's resource (gates.allocatable, deviceHealth.resource or quarantine.resource)";
+/// Message of the rule on `quarantine`.
+pub const MSG_QUARANTINE_ONE_OF: &str = "quarantine may set driver or resource, not both";
+
+/// The DNS-1123 subdomain regex (RE2) limited to 63 characters by maxLength.
+const DNS_SUBDOMAIN: &str = crate::schema::DNS1123_SUBDOMAIN_REGEX;
+
+fn string_rule(max: u32, cel: &str, message: &str) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": max,
+        "x-kubernetes-validations": [rule(cel, message)],
+    })
+}
+
+pub(crate) fn driver_name(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        63,
+        &format!("self.matches('{DNS_SUBDOMAIN}')"),
+        &format!("driver {MSG_DRIVER}"),
+    )
+}
+
+pub(crate) fn optional_driver_name(g: &mut SchemaGenerator) -> Schema {
+    driver_name(g)
+}
+
+pub(crate) fn object_name(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        253,
+        &format!("self.matches('{DNS_SUBDOMAIN}')"),
+        MSG_OBJECT_NAME,
+    )
+}
+
+pub(crate) fn health_resource(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        317,
+        &format!(
+            "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
+        ),
+        &format!("resource {MSG_HEALTH_RESOURCE}"),
+    )
+}
+
+fn int_or_baseline(message: &str) -> Schema {
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "nullable": false,
+        "x-kubernetes-validations": [rule(
+            &format!(
+                "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && self == 'baseline')"
+            ),
+            message,
+        )],
+    })
+}
+
+pub(crate) fn devices_min(_: &mut SchemaGenerator) -> Schema {
+    int_or_baseline(MSG_MIN_DEVICES)
+}
+
+pub(crate) fn devices_max(_: &mut SchemaGenerator) -> Schema {
+    int_or_baseline(MSG_MAX_DEVICES)
+}
+
+pub(crate) fn slices_soak(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.resourceSlices.soak", false)
+}
+
+pub(crate) fn taints_soak(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.deviceTaints.soak", false)
+}
+
+pub(crate) fn handover(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.deviceHealth.handover", false)
+}
+
+pub(crate) fn probe_timeout(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.claims.probe.timeout", true)
+}
+
+fn add_rules(s: &mut Schema, rules: serde_json::Value) {
+    s.insert("x-kubernetes-validations".into(), rules);
+}
+
+fn devices_bounds_rule(s: &mut Schema) {
+    add_rules(
+        s,
+        json!([{
+            "rule": "!has(self.minDevices) || !has(self.maxDevices) || type(self.minDevices) != int || type(self.maxDevices) != int || self.minDevices <= self.maxDevices",
+            "message": MSG_MIN_ABOVE_MAX_DEVICES,
+            "fieldPath": ".minDevices",
+        }]),
+    );
+}
+
+fn probe_rule(s: &mut Schema) {
+    add_rules(
+        s,
+        json!([rule(
+            "has(self.deviceClassName) != has(self.claimTemplateName)",
+            MSG_PROBE_ONE_OF
+        )]),
+    );
+}
+
+fn health_rule(s: &mut Schema) {
+    add_rules(
+        s,
+        json!([rule(
+            "has(self.driver) != has(self.resource)",
+            MSG_HEALTH_ONE_OF
+        )]),
+    );
+}
+
+/// The rule on `spec.gates`: the device gates name one driver.
+pub(crate) fn gates_rules(s: &mut Schema) {
+    let drivers = "[has(self.resourceSlices) ? self.resourceSlices.driver : '', \
+                   has(self.claims) ? self.claims.driver : '', \
+                   has(self.deviceTaints) ? self.deviceTaints.driver : '', \
+                   has(self.deviceHealth) && has(self.deviceHealth.driver) ? self.deviceHealth.driver : '']";
+    add_rules(
+        s,
+        json!([rule(
+            &format!("{drivers}.filter(d, d != '').all(d, d == {drivers}.filter(e, e != '')[0])"),
+            MSG_ONE_DRIVER
+        )]),
+    );
+}
+
+/// The rules on `spec` about the failure policy.
+pub(crate) fn spec_rules(s: &mut Schema) {
+    let quarantine_target = "!has(self.onFailure) || self.onFailure != 'Quarantine' \
+        || (has(self.quarantine) && (has(self.quarantine.driver) || has(self.quarantine.resource))) \
+        || (has(self.gates) && (has(self.gates.resourceSlices) || has(self.gates.claims) \
+            || has(self.gates.deviceTaints) || has(self.gates.deviceHealth) \
+            || (has(self.gates.allocatable) && size(self.gates.allocatable) > 0)))";
+    add_rules(
+        s,
+        json!([{
+            "rule": quarantine_target,
+            "message": MSG_QUARANTINE_TARGET,
+            "fieldPath": ".onFailure",
+        }]),
+    );
+}
+
+pub(crate) fn quarantine_rules(s: &mut Schema) {
+    add_rules(
+        s,
+        json!([rule(
+            "!has(self.driver) || !has(self.resource)",
+            MSG_QUARANTINE_ONE_OF
+        )]),
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Client-side validation (mirrors the rules above; see crate::validate)
+
+/// Field errors of the device gates and the failure policy.
+pub(crate) fn validate(spec: &crate::spec::SafeRolloutSpec, push: &mut dyn FnMut(String, String)) {
+    use crate::validate::{is_dns1123_subdomain, is_extended_resource_name};
+    let driver_ok = |d: &str| d.len() <= 63 && is_dns1123_subdomain(d);
+    let check_driver = |push: &mut dyn FnMut(String, String), path: &str, d: &str| {
+        if !driver_ok(d) {
+            push(path.to_string(), format!("driver {MSG_DRIVER}"));
+        }
+    };
+    let check_resource = |push: &mut dyn FnMut(String, String), path: &str, r: &str| {
+        if r.len() > 317 || !is_extended_resource_name(r) {
+            push(path.to_string(), format!("resource {MSG_HEALTH_RESOURCE}"));
+        }
+    };
+    let check_duration = |push: &mut dyn FnMut(String, String),
+                          path: &str,
+                          field: &str,
+                          v: &DurationString,
+                          positive: bool| {
+        if let Some(msg) = crate::validate::duration_error(field, v, positive) {
+            push(path.to_string(), msg);
+        }
+    };
+    let is_baseline_bound = |v: &IntOrString| match v {
+        IntOrString::Int(n) => *n >= 0,
+        IntOrString::String(s) => s == BASELINE,
+    };
+
+    if let Some(g) = &spec.gates {
+        if let Some(s) = &g.resource_slices {
+            let p = "spec.gates.resourceSlices";
+            check_driver(push, &format!("{p}.driver"), &s.driver);
+            if !is_baseline_bound(&s.min_devices) {
+                push(format!("{p}.minDevices"), MSG_MIN_DEVICES.into());
+            }
+            if !is_baseline_bound(&s.max_devices) {
+                push(format!("{p}.maxDevices"), MSG_MAX_DEVICES.into());
+            }
+            if let (IntOrString::Int(min), IntOrString::Int(max)) = (&s.min_devices, &s.max_devices)
+                && min > max
+            {
+                push(format!("{p}.minDevices"), MSG_MIN_ABOVE_MAX_DEVICES.into());
+            }
+            check_duration(
+                push,
+                &format!("{p}.soak"),
+                "gates.resourceSlices.soak",
+                &s.soak,
+                false,
+            );
+        }
+        if let Some(c) = &g.claims {
+            let p = "spec.gates.claims";
+            check_driver(push, &format!("{p}.driver"), &c.driver);
+            if let Some(probe) = &c.probe {
+                let pp = format!("{p}.probe");
+                if probe.device_class_name.is_some() == probe.claim_template_name.is_some() {
+                    push(pp.clone(), MSG_PROBE_ONE_OF.into());
+                }
+                for (field, v) in [
+                    ("deviceClassName", &probe.device_class_name),
+                    ("claimTemplateName", &probe.claim_template_name),
+                ] {
+                    if let Some(v) = v
+                        && (v.len() > 253 || !is_dns1123_subdomain(v))
+                    {
+                        push(format!("{pp}.{field}"), MSG_OBJECT_NAME.into());
+                    }
+                }
+                if probe.image.is_empty() || probe.image.len() > 512 {
+                    push(
+                        format!("{pp}.image"),
+                        "should be between 1 and 512 characters".into(),
+                    );
+                }
+                if probe.tolerations.len() > 16 {
+                    push(
+                        format!("{pp}.tolerations"),
+                        format!(
+                            "Too many: {}: must have at most 16 items",
+                            probe.tolerations.len()
+                        ),
+                    );
+                }
+                check_duration(
+                    push,
+                    &format!("{pp}.timeout"),
+                    "gates.claims.probe.timeout",
+                    &probe.timeout,
+                    true,
+                );
+            }
+        }
+        if let Some(h) = &g.device_health {
+            let p = "spec.gates.deviceHealth";
+            if h.driver.is_some() == h.resource.is_some() {
+                push(p.into(), MSG_HEALTH_ONE_OF.into());
+            }
+            if let Some(d) = &h.driver {
+                check_driver(push, &format!("{p}.driver"), d);
+            }
+            if let Some(r) = &h.resource {
+                check_resource(push, &format!("{p}.resource"), r);
+            }
+            check_duration(
+                push,
+                &format!("{p}.handover"),
+                "gates.deviceHealth.handover",
+                &h.handover,
+                false,
+            );
+        }
+        if let Some(t) = &g.device_taints {
+            let p = "spec.gates.deviceTaints";
+            check_driver(push, &format!("{p}.driver"), &t.driver);
+            check_duration(
+                push,
+                &format!("{p}.soak"),
+                "gates.deviceTaints.soak",
+                &t.soak,
+                false,
+            );
+        }
+        let drivers: Vec<&str> = [
+            g.resource_slices.as_ref().map(|s| s.driver.as_str()),
+            g.claims.as_ref().map(|c| c.driver.as_str()),
+            g.device_taints.as_ref().map(|t| t.driver.as_str()),
+            g.device_health.as_ref().and_then(|h| h.driver.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|d| !d.is_empty())
+        .collect();
+        if drivers.iter().any(|d| *d != drivers[0]) {
+            push("spec.gates".into(), MSG_ONE_DRIVER.into());
+        }
+    }
+    if let Some(q) = &spec.quarantine {
+        if q.driver.is_some() && q.resource.is_some() {
+            push("spec.quarantine".into(), MSG_QUARANTINE_ONE_OF.into());
+        }
+        if let Some(d) = &q.driver {
+            check_driver(push, "spec.quarantine.driver", d);
+        }
+        if let Some(r) = &q.resource {
+            check_resource(push, "spec.quarantine.resource", r);
+        }
+    }
+    if spec.on_failure == OnFailure::Quarantine && spec.quarantine_target().is_none() {
+        push("spec.onFailure".into(), MSG_QUARANTINE_TARGET.into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{AllocatableGate, Gates, SafeRolloutSpec};
+
+    fn errors(spec: &SafeRolloutSpec) -> Vec<String> {
+        spec.validate().into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn a_full_device_spec_is_valid() {
+        let mut spec = SafeRolloutSpec::for_daemonset("driver");
+        spec.gates = Some(Gates {
+            resource_slices: Some(ResourceSlicesGate::new("gpu.example.com")),
+            claims: Some(ClaimsGate {
+                driver: "gpu.example.com".into(),
+                probe: Some(ClaimProbe::for_class("gpu.example.com")),
+            }),
+            device_health: Some(DeviceHealthGate::for_driver("gpu.example.com")),
+            device_taints: Some(DeviceTaintsGate::new("gpu.example.com")),
+            ..Default::default()
+        });
+        spec.on_failure = OnFailure::Quarantine;
+        assert_eq!(errors(&spec), Vec::<String>::new());
+        assert_eq!(
+            spec.quarantine_target(),
+            Some(QuarantineTarget::Driver("gpu.example.com".into()))
+        );
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        let mut spec = SafeRolloutSpec::for_daemonset("driver");
+        let mut slices = ResourceSlicesGate::new("Not_A_Driver");
+        slices.min_devices = IntOrString::Int(9);
+        slices.max_devices = IntOrString::Int(4);
+        let mut probe = ClaimProbe::for_class("gpu");
+        probe.claim_template_name = Some("tmpl".into());
+        spec.gates = Some(Gates {
+            resource_slices: Some(slices),
+            claims: Some(ClaimsGate {
+                driver: "gpu.example.com".into(),
+                probe: Some(probe),
+            }),
+            device_health: Some(DeviceHealthGate {
+                driver: None,
+                resource: None,
+                handover: DurationString::new("soon"),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(
+            errors(&spec),
+            [
+                "spec.gates.resourceSlices.driver",
+                "spec.gates.resourceSlices.minDevices",
+                "spec.gates.claims.probe",
+                "spec.gates.deviceHealth",
+                "spec.gates.deviceHealth.handover",
+                "spec.gates",
+            ]
+        );
+    }
+
+    #[test]
+    fn quarantine_needs_something_to_quarantine() {
+        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
+        spec.on_failure = OnFailure::Quarantine;
+        assert_eq!(errors(&spec), ["spec.onFailure"]);
+        spec.gates = Some(Gates {
+            allocatable: vec![AllocatableGate::new("example.com/gpu")],
+            ..Default::default()
+        });
+        assert_eq!(errors(&spec), Vec::<String>::new());
+        assert_eq!(
+            spec.quarantine_target(),
+            Some(QuarantineTarget::Resource("example.com/gpu".into()))
+        );
+        spec.quarantine = Some(QuarantineSpec {
+            effect: QuarantineEffect::NoExecute,
+            driver: Some("gpu.example.com".into()),
+            resource: None,
+        });
+        assert_eq!(
+            spec.quarantine_target(),
+            Some(QuarantineTarget::Driver("gpu.example.com".into()))
+        );
+        assert_eq!(spec.quarantine_effect(), QuarantineEffect::NoExecute);
+    }
+}

@@ -1,0 +1,62 @@
+//! The soak bookkeeping the device gates share with allocatable: an
+//! observation keeps its start time (the previous result's `since`) while it
+//! stays the same (same reason, same node), and decides once it has held for
+//! the soak, or at the progress deadline.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use saferollout_api::GateResult;
+
+use super::elapsed;
+
+/// Since when the observation `(reason, node)` holds: the previous result's
+/// `since` when it said the same, else now rounded up to the next whole
+/// second. (Status keeps whole seconds: a `since` of 12:00:00.7 written as
+/// 12:00:00 would cut the soak short by 0.7 s; rounded up, a soak lasts at
+/// least as long as it says, and at most a second longer.)
+pub fn since(
+    previous: Option<&GateResult>,
+    reason: &str,
+    node: Option<&str>,
+    now: Timestamp,
+) -> Timestamp {
+    previous
+        .filter(|p| p.reason == reason && p.node.as_deref() == node)
+        .and_then(|p| p.since.as_ref().map(|t| t.0))
+        .unwrap_or_else(|| whole_second_up(now))
+}
+
+fn whole_second_up(t: Timestamp) -> Timestamp {
+    if t.subsec_nanosecond() == 0 {
+        return t;
+    }
+    Timestamp::from_second(t.as_second() + 1).unwrap_or(t)
+}
+
+/// How long is left of `soak` for an observation held since `since`, or
+/// `None` once it has held long enough.
+pub fn remaining(since: Timestamp, now: Timestamp, soak: Duration) -> Option<Duration> {
+    let held = elapsed(since, now);
+    (held < soak).then(|| soak - held)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_observation_starts_at_the_next_whole_second() {
+        let now =
+            Timestamp::from_second(1_800_000_000).unwrap() + jiff::SignedDuration::from_millis(300);
+        let s = since(None, "X", None, now);
+        assert_eq!(s, Timestamp::from_second(1_800_000_001).unwrap());
+        // Not held yet, and the soak runs for at least its length.
+        assert_eq!(
+            remaining(s, now, Duration::from_secs(2)),
+            Some(Duration::from_secs(2))
+        );
+        let whole = Timestamp::from_second(1_800_000_005).unwrap();
+        assert_eq!(since(None, "X", None, whole), whole);
+    }
+}
