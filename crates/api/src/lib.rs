@@ -15,6 +15,7 @@
 pub mod consts;
 pub mod duration;
 pub mod intstr;
+pub mod proof;
 pub mod quantity;
 pub mod schema;
 pub mod spec;
@@ -32,6 +33,10 @@ pub use spec::{
 pub use status::{
     AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, NodeNote, Phase,
     PreflightFinding, PreflightStatus, Progress, SafeRolloutStatus, StageState, StageStatus,
+};
+pub use proof::{
+    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, STAGE_NODES_PLACEHOLDER, LogsGate, Measurements, PatternSet,
+    ProbeGate, ProbeRecord, PrometheusGate, PrometheusTls, SecretKeyRef, UnreadablePolicy,
 };
 pub use validate::FieldError;
 

@@ -13,4 +13,14 @@ use std::marker::PhantomData;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Evidence<'a> {
     _borrowed: PhantomData<&'a ()>,
+    /// What the probe, logs and prometheus gates observe.
+    pub proof: Option<&'a super::proof::ProofEvidence>,
+}
+
+impl<'a> Evidence<'a> {
+    /// Evidence carrying what the proof gates observe.
+    pub fn with_proof(mut self, proof: &'a super::proof::ProofEvidence) -> Self {
+        self.proof = Some(proof);
+        self
+    }
 }

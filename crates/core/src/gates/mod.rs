@@ -15,7 +15,11 @@
 
 pub mod allocatable;
 pub mod evidence;
+pub mod logs;
 pub mod pods_ready;
+pub mod probe;
+pub mod prometheus;
+pub mod proof;
 
 pub use evidence::Evidence;
 
@@ -107,6 +111,15 @@ pub fn evaluate_all(
         let name = allocatable::gate_name(&gate.resource);
         verdicts.push(allocatable::evaluate(gate, snap, prev(&name)));
     }
+    if let Some(gate) = spec.logs_gate() {
+        verdicts.push(logs::evaluate(gate, snap));
+    }
+    for gate in spec.prometheus_gates() {
+        let name = prometheus::gate_name(&gate.name);
+        verdicts.push(prometheus::evaluate(gate, snap, prev(&name)));
+    }
+    // (probe is judged after these, by the stage: it needs their verdicts
+    // and asks for pods; see `probe::step`.)
     verdicts
 }
 
@@ -246,6 +259,20 @@ pub(crate) mod test_support {
 
         /// Borrows the world as views and runs `f` on its snapshot.
         pub fn with_snapshot<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
+            self.with_evidence(&Evidence::default(), f)
+        }
+
+        /// [`World::with_snapshot`] with what the proof gates observe.
+        pub fn with_proof<R>(
+            &self,
+            proof: &crate::gates::proof::ProofEvidence,
+            f: impl FnOnce(&Snapshot) -> R,
+        ) -> R {
+            let evidence = Evidence::default().with_proof(proof);
+            self.with_evidence(&evidence, f)
+        }
+
+        fn with_evidence<R>(&self, evidence: &Evidence, f: impl FnOnce(&Snapshot) -> R) -> R {
             let pods: PodsByNode = self
                 .pods
                 .iter()
@@ -299,7 +326,7 @@ pub(crate) mod test_support {
                 baseline: &self.baseline,
                 without_progress: self.without_progress,
                 progress_deadline: Duration::from_secs(600),
-                evidence: &Evidence::default(),
+                evidence,
                 now: self.now,
             };
             f(&snap)
