@@ -230,6 +230,13 @@ pub fn step(
             }
         }
     }
+    // A pending probe of a node no longer probed (let go, or out of the
+    // sample since nodes joined) is abandoned: its pod is deleted.
+    let wanted_nodes: BTreeSet<&str> = wanted.iter().map(|(_, n)| n.as_str()).collect();
+    for s in stages.iter_mut().filter(|s| s.index as usize <= index) {
+        s.probes
+            .retain(|r| r.status != GateStatus::Pending || wanted_nodes.contains(r.node.as_str()));
+    }
     let current_started = stages
         .iter()
         .find(|s| s.index as usize == index)

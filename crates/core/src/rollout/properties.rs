@@ -10,7 +10,10 @@
 //! - a blocked revision never becomes stable, is never written again from
 //!   spec.template, and no pod is deleted while the DaemonSet carries it;
 //! - no stage passes unless every node it holds runs a Ready pod of the target
-//!   and advertises within bounds, and a stage holding no node never passes.
+//!   and advertises within bounds, and a stage holding no node never passes;
+//! - with a probe gate: no stage passes unless every probe it made passed
+//!   and every canary node was probed; a probe pod is deleted once its stage
+//!   is over (within the passes the caches need to show it).
 //!
 //! And at the end, once the faults stop and caches catch up: the rollout is
 //! Succeeded or Degraded, and every node the DaemonSet covers runs one Ready
@@ -56,6 +59,8 @@ struct Scenario {
     deadline_secs: u32,
     release: Release,
     gitops: bool,
+    /// A probe gate, sampling this many of each later stage's nodes.
+    probe: Option<i32>,
     steps: Vec<Step>,
 }
 
@@ -118,17 +123,21 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         20u32..120,
         release(),
         any::<bool>(),
+        prop::option::of(1i32..4),
         prop::collection::vec(step(), 20..250),
     )
         .prop_map(
-            |(nodes, max_unavailable, stages, deadline_secs, release, gitops, steps)| Scenario {
-                nodes,
-                max_unavailable,
-                stages,
-                deadline_secs,
-                release,
-                gitops,
-                steps,
+            |(nodes, max_unavailable, stages, deadline_secs, release, gitops, probe, steps)| {
+                Scenario {
+                    nodes,
+                    max_unavailable,
+                    stages,
+                    deadline_secs,
+                    release,
+                    gitops,
+                    probe,
+                    steps,
+                }
             },
         )
 }
@@ -150,6 +159,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
             })
             .collect()
     });
+    if let Some(sample) = s.probe {
+        m.add_probe_gate(sample);
+    }
     // Start from a settled rollout of the first template.
     let first = if s.gitops {
         m.spec_hash = Some("g1".into());
@@ -271,6 +283,11 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.status
     );
     prop_assert!(m.labelled().is_empty(), "labels left: {:?}", m.labelled());
+    prop_assert!(
+        m.cluster.probes.is_empty(),
+        "probe pods left: {:?}",
+        m.cluster.probes
+    );
     Ok(())
 }
 
