@@ -25,6 +25,11 @@ pub mod validate;
 pub use consts::*;
 pub use duration::{DurationError, DurationString, format_duration, parse_duration};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
+pub use proof::{
+    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, LogsGate, Measurements,
+    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, ProbeGate, ProbeRecord, PrometheusGate,
+    PrometheusTls, STAGE_NODES_PLACEHOLDER, SecretKeyRef, UnreadablePolicy,
+};
 pub use quantity::{count_of, quantity_count};
 pub use spec::{
     AllocatableGate, Canary, Gates, PodsReadyGate, Preflight, PreflightPolicy, SafeRollout,
@@ -33,10 +38,6 @@ pub use spec::{
 pub use status::{
     AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, NodeNote, Phase,
     PreflightFinding, PreflightStatus, Progress, SafeRolloutStatus, StageState, StageStatus,
-};
-pub use proof::{
-    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, STAGE_NODES_PLACEHOLDER, LogsGate, Measurements, PatternSet,
-    ProbeGate, ProbeRecord, PrometheusGate, PrometheusTls, SecretKeyRef, UnreadablePolicy,
 };
 pub use validate::FieldError;
 

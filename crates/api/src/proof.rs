@@ -48,14 +48,17 @@ pub const MSG_PROBE_RESOURCE: &str = "gates.probe.resource must be an extended r
 pub const MSG_PROBE_CLASS: &str = "gates.probe.deviceClassName must be the name of a DeviceClass: a DNS-1123 subdomain such as gpu.nvidia.com";
 pub const MSG_PROBE_SAMPLE: &str = "gates.probe.sample must be a positive node count or a percentage between 1% and 100% (e.g. 1, \"10%\")";
 pub const MSG_LOG_PATTERN: &str = "gates.logs.patterns[] must be a valid regular expression (RE2 syntax, e.g. \"(?i)fatal error\")";
-pub const MSG_LOG_PATTERN_EMPTY: &str = "gates.logs.patterns[] must not be empty (an empty pattern matches every line)";
+pub const MSG_LOG_PATTERN_EMPTY: &str =
+    "gates.logs.patterns[] must not be empty (an empty pattern matches every line)";
 pub const MSG_PROM_NAME: &str = "gates.prometheus[].name must be a DNS-1123 label (lowercase letters, digits and '-', at most 63 characters), e.g. gpu-healthy";
 pub const MSG_PROM_ADDRESS: &str = "gates.prometheus[].address must be an http:// or https:// URL of the Prometheus server, e.g. http://prometheus.monitoring:9090";
 pub const MSG_PROM_QUERY: &str = "gates.prometheus[].query must be a non-empty PromQL expression";
 pub const MSG_PROM_CONDITION: &str = "gates.prometheus[].condition must be a comparison and a number, e.g. \"< 1\", \"== 0\", \">= 0.95\" (operators <, <=, ==, !=, >=, >)";
 pub const MSG_PROM_COUNT: &str = "gates.prometheus[].count must be between 1 and 100";
-pub const MSG_PROM_FAILURE_LIMIT: &str = "gates.prometheus[].failureLimit must be between 0 and 100";
-pub const MSG_SECRET_REF: &str = "a Secret reference needs name (a DNS-1123 subdomain in the SafeRollout's namespace) and key";
+pub const MSG_PROM_FAILURE_LIMIT: &str =
+    "gates.prometheus[].failureLimit must be between 0 and 100";
+pub const MSG_SECRET_REF: &str =
+    "a Secret reference needs name (a DNS-1123 subdomain in the SafeRollout's namespace) and key";
 
 /// The probe gate: after a stage node's agent is replaced (and the other
 /// gates see nothing wrong there), a short-lived pod from `template`, pinned
@@ -224,14 +227,9 @@ pub struct SecretKeyRef {
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusTls {
     /// PEM CA bundle that signed the server's certificate (else the
-    /// system's roots).
+    /// system's roots); the certificate must name the address's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret: Option<SecretKeyRef>,
-    /// The name the server's certificate must carry, when it differs from
-    /// the address's host.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub server_name: Option<String>,
 }
 
 /// One Prometheus analysis: `query` is run every `interval` once every node
@@ -489,14 +487,14 @@ fn prometheus_query(_: &mut SchemaGenerator) -> Schema {
 
 /// `<op> <number>`: the operators PromQL compares with, then a decimal.
 pub const CONDITION_REGEX: &str =
-    r"^\s*(<=|>=|==|!=|<|>)\s*[-+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?\s*$";
+    "^ *(<=|>=|==|!=|<|>) *[-+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)? *$";
 
 fn prometheus_condition(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
         "maxLength": 64,
         "x-kubernetes-validations": [rule(
-            &format!("self.matches('{}')", CONDITION_REGEX.replace('\\', "\\\\")),
+            &format!("self.matches('{CONDITION_REGEX}')"),
             MSG_PROM_CONDITION,
         )],
     })
@@ -553,6 +551,10 @@ impl CompareOp {
 impl Condition {
     /// Parses `< 1`, `== 0`, `>= 0.95`; `None` when malformed.
     pub fn parse(s: &str) -> Option<Condition> {
+        // Spaces only, as the schema's grammar.
+        if s.chars().any(|c| c.is_whitespace() && c != ' ') {
+            return None;
+        }
         let s = s.trim();
         let (op, rest) = [
             ("<=", CompareOp::Le),
@@ -728,7 +730,10 @@ fn validate_prometheus(gates: &[PrometheusGate], push: Push) {
             push(format!("{path}.count"), MSG_PROM_COUNT.into());
         }
         if !(0..=100).contains(&g.failure_limit) {
-            push(format!("{path}.failureLimit"), MSG_PROM_FAILURE_LIMIT.into());
+            push(
+                format!("{path}.failureLimit"),
+                MSG_PROM_FAILURE_LIMIT.into(),
+            );
         }
         for (field, d) in [("interval", &g.interval), ("timeout", &g.timeout)] {
             crate::validate::check_duration(
@@ -794,7 +799,9 @@ mod tests {
         let c = Condition::parse(" >= 0.95 ").unwrap();
         assert!(c.holds(1.0) && !c.holds(0.5));
         assert!(!Condition::parse("!= 1").unwrap().holds(f64::NAN));
-        for bad in ["", "1", "< ", "<< 1", "= 1", "< NaN", "< inf", "< 0x10", "approx 1"] {
+        for bad in [
+            "", "1", "< ", "<< 1", "= 1", "< NaN", "< inf", "< 0x10", "approx 1",
+        ] {
             assert!(Condition::parse(bad).is_none(), "{bad}");
         }
         // The schema's regex agrees with the parser on these.
@@ -816,7 +823,13 @@ mod tests {
         ] {
             assert!(is_http_url(ok), "{ok}");
         }
-        for bad in ["prometheus:9090", "ftp://x", "http://", "http://:9090", "http://a b"] {
+        for bad in [
+            "prometheus:9090",
+            "ftp://x",
+            "http://",
+            "http://:9090",
+            "http://a b",
+        ] {
             assert!(!is_http_url(bad), "{bad}");
         }
     }

@@ -50,7 +50,12 @@ pub fn field_error_code(path: &str) -> &'static str {
         "spec.stages.soak"
         | "spec.progressDeadline"
         | "spec.gates.podsReady.timeout"
-        | "spec.gates.allocatable.soak" => codes::DURATION,
+        | "spec.gates.allocatable.soak"
+        | "spec.gates.probe.timeout"
+        | "spec.gates.logs.window"
+        | "spec.gates.logs.interval"
+        | "spec.gates.prometheus.interval"
+        | "spec.gates.prometheus.timeout" => codes::DURATION,
         "spec.maxUnavailable" => codes::MAX_UNAVAILABLE,
         "spec.gates.allocatable" | "spec.gates.allocatable.resource" => codes::ALLOCATABLE_RESOURCE,
         "spec.gates.allocatable.min" | "spec.gates.allocatable.max" => codes::ALLOCATABLE_BOUNDS,
@@ -151,8 +156,8 @@ mod tests {
         gate.min = IntOrString::Int(3);
         gate.max = IntOrString::Int(1);
         spec.gates = Some(Gates {
-            pods_ready: None,
             allocatable: vec![gate],
+            ..Default::default()
         });
         let findings = lint_safe_rollout(&rollout(spec), None);
         assert_eq!(

@@ -178,7 +178,11 @@ impl Patterns {
             for p in builtin(set) {
                 let re = Regex::new(&format!("(?i){}", p.pattern))
                     .map_err(|e| format!("built-in pattern {:?}: {e}", p.pattern))?;
-                list.push((p.pattern.to_string(), format!("builtin:{}", set.as_str()), re));
+                list.push((
+                    p.pattern.to_string(),
+                    format!("builtin:{}", set.as_str()),
+                    re,
+                ));
             }
         }
         for (i, p) in gate.patterns.iter().enumerate() {
@@ -200,7 +204,8 @@ impl Patterns {
     /// The first line of `text` (in log order) that matches a pattern.
     pub fn scan(&self, text: &str) -> Option<LogMatch> {
         for line in text.lines() {
-            if let Some((pattern, origin, _)) = self.list.iter().find(|(_, _, re)| re.is_match(line))
+            if let Some((pattern, origin, _)) =
+                self.list.iter().find(|(_, _, re)| re.is_match(line))
             {
                 return Some(LogMatch {
                     pattern: pattern.clone(),
@@ -292,7 +297,11 @@ pub fn evaluate(gate: &LogsGate, snap: &Snapshot) -> Verdict {
         };
         states.push((node, state));
     }
-    let recheck = Some(recheck.map_or(interval, |r| r.min(interval)).max(Duration::from_millis(500)));
+    let recheck = Some(
+        recheck
+            .map_or(interval, |r| r.min(interval))
+            .max(Duration::from_millis(500)),
+    );
 
     let matched: Vec<(&str, &String, &LogMatch)> = states
         .iter()
@@ -314,7 +323,9 @@ pub fn evaluate(gate: &LogsGate, snap: &Snapshot) -> Verdict {
         r.node = Some(node.to_string());
         r.observed = Some(m.line.clone());
         r.expected = Some(format!("no line matching {:?}", m.pattern));
-        r.since = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(snap.now));
+        r.since = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            snap.now,
+        ));
         return Verdict {
             violating: matched.iter().map(|(n, _, _)| n.to_string()).collect(),
             ..Verdict::new(r)
@@ -368,7 +379,9 @@ pub fn evaluate(gate: &LogsGate, snap: &Snapshot) -> Verdict {
             NAME,
             GateStatus::Passed,
             "NoFatalLines",
-            format!("no fatal line in the agent logs of all {total} nodes within {window} of start"),
+            format!(
+                "no fatal line in the agent logs of all {total} nodes within {window} of start"
+            ),
         ));
     }
     let awaiting: Vec<&str> = states
@@ -376,7 +389,9 @@ pub fn evaluate(gate: &LogsGate, snap: &Snapshot) -> Verdict {
         .filter_map(|(n, s)| matches!(s, NodeState::Awaiting).then_some(*n))
         .collect();
     let message = if awaiting.is_empty() {
-        format!("{clean}/{total} agent logs clean for their whole {window} window; watching the others")
+        format!(
+            "{clean}/{total} agent logs clean for their whole {window} window; watching the others"
+        )
     } else {
         format!(
             "{clean}/{total} agent logs clean for their whole {window} window; waiting for the new agent on {}",
@@ -471,7 +486,8 @@ mod tests {
             patterns: vec!["license server".into()],
             ..Default::default()
         };
-        let text = "ok\nLoaded license server credentials: token=simtok-abcdef0123\nlicense server again";
+        let text =
+            "ok\nLoaded license server credentials: token=simtok-abcdef0123\nlicense server again";
         let m = scan(&g, text).unwrap().unwrap();
         assert_eq!(m.pattern, "license server");
         assert_eq!(m.origin, "spec.gates.logs.patterns[0]");
@@ -482,7 +498,10 @@ mod tests {
             builtin: Some(vec![PatternSet::AmdDevicePlugin]),
             ..Default::default()
         };
-        assert_eq!(scan(&amd_only, "Failed to initialize NVML: x").unwrap(), None);
+        assert_eq!(
+            scan(&amd_only, "Failed to initialize NVML: x").unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -500,8 +519,16 @@ mod tests {
         assert_eq!(v.result.status, GateStatus::Failed);
         assert_eq!(v.result.reason, "FatalLogLine");
         assert_eq!(v.result.node.as_deref(), Some("node-1"));
-        assert!(v.result.message.contains("Failed to initialize NVML"), "{}", v.result.message);
-        assert!(!v.result.message.contains("token=abc"), "{}", v.result.message);
+        assert!(
+            v.result.message.contains("Failed to initialize NVML"),
+            "{}",
+            v.result.message
+        );
+        assert!(
+            !v.result.message.contains("token=abc"),
+            "{}",
+            v.result.message
+        );
         assert_eq!(v.violating.iter().collect::<Vec<_>>(), ["node-1"]);
     }
 
@@ -550,7 +577,11 @@ mod tests {
             (v.result.status, v.result.reason.as_str()),
             (GateStatus::Failed, "LogsUnreadable")
         );
-        assert!(v.result.message.contains("forbidden"), "{}", v.result.message);
+        assert!(
+            v.result.message.contains("forbidden"),
+            "{}",
+            v.result.message
+        );
         let pause = LogsGate {
             on_unreadable: UnreadablePolicy::Pause,
             ..gate()

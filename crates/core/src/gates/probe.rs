@@ -118,7 +118,11 @@ pub fn sampled(gate: &ProbeGate, stage: &StageStatus, revision: &str) -> Vec<Str
         .map(|n| (short_hash(&[revision, n], 16), n))
         .collect();
     by_hash.sort();
-    let mut picked: Vec<String> = by_hash.into_iter().take(k).map(|(_, n)| n.clone()).collect();
+    let mut picked: Vec<String> = by_hash
+        .into_iter()
+        .take(k)
+        .map(|(_, n)| n.clone())
+        .collect();
     picked.sort();
     picked
 }
@@ -310,7 +314,9 @@ pub fn step(
                                 None => "never appeared".to_string(),
                             },
                         ),
-                        Some(_) if unschedulable => ("Unschedulable", format!("was not scheduled: {state}")),
+                        Some(_) if unschedulable => {
+                            ("Unschedulable", format!("was not scheduled: {state}"))
+                        }
                         Some(_) => ("Timeout", format!("did not succeed: still {state}")),
                     };
                     record.status = GateStatus::Failed;
@@ -361,7 +367,12 @@ pub fn step(
 
     let total = wanted.len();
     let verdict = if let Some(first) = failed.first() {
-        let mut r = result(NAME, GateStatus::Failed, &first.reason, first.message.clone());
+        let mut r = result(
+            NAME,
+            GateStatus::Failed,
+            &first.reason,
+            first.message.clone(),
+        );
         r.node = Some(first.node.clone());
         r.observed = Some(first.reason.clone());
         r.expected = Some("Succeeded".into());
@@ -479,33 +490,56 @@ pub fn probe_pod(gate: &ProbeGate, p: &ProbePodParams) -> Result<Pod, String> {
         values: Some(vec![p.node.into()]),
     };
     let affinity = spec.affinity.get_or_insert_with(Affinity::default);
-    let node_affinity = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let node_affinity = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
     let required = node_affinity
         .required_during_scheduling_ignored_during_execution
         .get_or_insert_with(|| NodeSelector {
             node_selector_terms: vec![NodeSelectorTerm::default()],
         });
     if required.node_selector_terms.is_empty() {
-        required.node_selector_terms.push(NodeSelectorTerm::default());
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
     }
     for term in &mut required.node_selector_terms {
-        term.match_fields.get_or_insert_with(Vec::new).push(pin.clone());
+        term.match_fields
+            .get_or_insert_with(Vec::new)
+            .push(pin.clone());
     }
-    if let Some(secs) = gate.timeout.to_std().ok().map(|d| d.as_secs().max(1) as i64) {
-        spec.active_deadline_seconds = Some(spec.active_deadline_seconds.map_or(secs, |s| s.min(secs)));
+    if let Some(secs) = gate
+        .timeout
+        .to_std()
+        .ok()
+        .map(|d| d.as_secs().max(1) as i64)
+    {
+        spec.active_deadline_seconds =
+            Some(spec.active_deadline_seconds.map_or(secs, |s| s.min(secs)));
     }
     if spec.automount_service_account_token.is_none() {
         spec.automount_service_account_token = Some(false);
     }
     // The node's taints the agent tolerates, tolerated exactly.
     let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
-    for taint in p.node_taints.iter().filter(|t| t.effect != "PreferNoSchedule") {
+    for taint in p
+        .node_taints
+        .iter()
+        .filter(|t| t.effect != "PreferNoSchedule")
+    {
         if p.agent_tolerations.iter().any(|t| tolerates(t, taint))
             && !tolerations.iter().any(|t| tolerates(t, taint))
         {
             tolerations.push(Toleration {
                 key: Some(taint.key.clone()),
-                operator: Some(if taint.value.is_some() { "Equal" } else { "Exists" }.into()),
+                operator: Some(
+                    if taint.value.is_some() {
+                        "Equal"
+                    } else {
+                        "Exists"
+                    }
+                    .into(),
+                ),
                 value: taint.value.clone(),
                 effect: Some(taint.effect.clone()),
                 toleration_seconds: None,
@@ -525,15 +559,20 @@ pub fn probe_pod(gate: &ProbeGate, p: &ProbePodParams) -> Result<Pod, String> {
             }
         }
         (None, Some(template)) => {
-            resources.claims.get_or_insert_with(Vec::new).push(ContainerClaim {
-                name: PROBE_CLAIM.into(),
-                request: None,
-            });
-            spec.resource_claims.get_or_insert_with(Vec::new).push(PodResourceClaim {
-                name: PROBE_CLAIM.into(),
-                resource_claim_template_name: Some(template.into()),
-                resource_claim_name: None,
-            });
+            resources
+                .claims
+                .get_or_insert_with(Vec::new)
+                .push(ContainerClaim {
+                    name: PROBE_CLAIM.into(),
+                    request: None,
+                });
+            spec.resource_claims
+                .get_or_insert_with(Vec::new)
+                .push(PodResourceClaim {
+                    name: PROBE_CLAIM.into(),
+                    resource_claim_template_name: Some(template.into()),
+                    resource_claim_name: None,
+                });
         }
         (None, None) => {
             return Err("spec.gates.probe needs resource or deviceClassName".into());
@@ -665,7 +704,11 @@ mod tests {
         assert_eq!(s.create.len(), 2);
         assert_eq!(st[0].probes.len(), 2);
         assert_eq!(st[0].probes[0].pod, s.create[0].name);
-        assert!(s.create[0].name.starts_with("plugin-probe-"), "{}", s.create[0].name);
+        assert!(
+            s.create[0].name.starts_with("plugin-probe-"),
+            "{}",
+            s.create[0].name
+        );
         // Asked again while it does not show: same name (idempotent create).
         let again = run(&w, &mut st, vec![]);
         assert_eq!(again.create, s.create);
@@ -736,7 +779,10 @@ mod tests {
         w.now = ts(110);
         let v = run(&w, &mut st, vec![p.clone()]).verdict;
         assert_eq!(v.result.status, GateStatus::Pending);
-        assert!(v.violating.contains("node-0"), "no more replacements meanwhile");
+        assert!(
+            v.violating.contains("node-0"),
+            "no more replacements meanwhile"
+        );
         assert_eq!(v.recheck_after, Some(Duration::from_secs(10)));
         w.now = ts(120);
         let v = run(&w, &mut st, vec![p]).verdict;
@@ -758,7 +804,12 @@ mod tests {
         let mut st = stages(&w);
         let other = Verdict {
             violating: BTreeSet::from(["node-1".to_string()]),
-            ..Verdict::new(result("allocatable/x", GateStatus::Pending, "BelowMinimum", String::new()))
+            ..Verdict::new(result(
+                "allocatable/x",
+                GateStatus::Pending,
+                "BelowMinimum",
+                String::new(),
+            ))
         };
         let ev = ProofEvidence::default();
         let s = w.with_proof(&ev, |s| step(&gate(), s, &mut st, 0, "ns.plugin", &[other]));
@@ -837,15 +888,22 @@ mod tests {
         let v = serde_json::to_value(&pod).unwrap();
         assert_eq!(v["spec"]["restartPolicy"], "Never");
         assert_eq!(
-            v["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0],
+            v["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0],
             "node-0"
         );
-        assert_eq!(v["spec"]["containers"][0]["resources"]["limits"]["example.com/gpu"], "1");
+        assert_eq!(
+            v["spec"]["containers"][0]["resources"]["limits"]["example.com/gpu"],
+            "1"
+        );
         let tol = v["spec"]["tolerations"].as_array().unwrap();
         assert_eq!(tol.len(), 1, "only the taint the agent tolerates: {tol:?}");
         assert_eq!(tol[0]["key"], "example.com/gpu");
         assert_eq!(v["metadata"]["labels"][PROBE_NODE_LABEL], "node-0");
-        assert_eq!(v["metadata"]["labels"]["sim.saferollout.dev/workload"], "probe");
+        assert_eq!(
+            v["metadata"]["labels"]["sim.saferollout.dev/workload"],
+            "probe"
+        );
         assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "SafeRollout");
         assert_eq!(v["spec"]["activeDeadlineSeconds"], 20);
 
@@ -864,7 +922,13 @@ mod tests {
         )
         .unwrap();
         let v = serde_json::to_value(&pod).unwrap();
-        assert_eq!(v["spec"]["resourceClaims"][0]["resourceClaimTemplateName"], claim.as_str());
-        assert_eq!(v["spec"]["containers"][0]["resources"]["claims"][0]["name"], PROBE_CLAIM);
+        assert_eq!(
+            v["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            claim.as_str()
+        );
+        assert_eq!(
+            v["spec"]["containers"][0]["resources"]["claims"][0]["name"],
+            PROBE_CLAIM
+        );
     }
 }

@@ -363,7 +363,10 @@ mod tests {
 
     #[test]
     fn stage_nodes_become_an_exact_alternation() {
-        assert_eq!(stage_nodes_regex(&["sim-gpu-0", "sim-gpu-1"]), "sim-gpu-0|sim-gpu-1");
+        assert_eq!(
+            stage_nodes_regex(&["sim-gpu-0", "sim-gpu-1"]),
+            "sim-gpu-0|sim-gpu-1"
+        );
         assert_eq!(stage_nodes_regex(&["a.b"]), "a\\\\.b");
         let g = gate(InconclusivePolicy::Fail);
         assert_eq!(
@@ -388,14 +391,23 @@ mod tests {
         assert!(due(&g, Some(&v1.result), ts(102)));
         let v2 = measure(&g, &w, 102, good, Some(&v1.result));
         assert_eq!(v2.result.status, GateStatus::Passed, "{:?}", v2.result);
-        assert!(!due(&g, Some(&v2.result), ts(200)), "no query after a verdict");
+        assert!(
+            !due(&g, Some(&v2.result), ts(200)),
+            "no query after a verdict"
+        );
     }
 
     #[test]
     fn a_bad_sample_fails_naming_its_node() {
         let w = World::healthy(2, 8);
         let g = gate(InconclusivePolicy::Fail);
-        let v = measure(&g, &w, 100, samples(&w, &[("node-0", 1.0), ("node-1", 0.0)]), None);
+        let v = measure(
+            &g,
+            &w,
+            100,
+            samples(&w, &[("node-0", 1.0), ("node-1", 0.0)]),
+            None,
+        );
         assert_eq!(v.result.status, GateStatus::Failed);
         assert_eq!(v.result.reason, "ConditionNotMet");
         assert_eq!(v.result.node.as_deref(), Some("node-1"));
@@ -415,15 +427,33 @@ mod tests {
     fn no_data_is_handled_as_configured() {
         let w = World::healthy(1, 8);
         let empty = MeasurementOutcome::Samples(vec![]);
-        let v = measure(&gate(InconclusivePolicy::Fail), &w, 100, empty.clone(), None);
+        let v = measure(
+            &gate(InconclusivePolicy::Fail),
+            &w,
+            100,
+            empty.clone(),
+            None,
+        );
         assert_eq!(
             (v.result.status, v.result.reason.as_str()),
             (GateStatus::Failed, "Inconclusive")
         );
         assert!(v.result.message.contains("no data"), "{}", v.result.message);
-        let v = measure(&gate(InconclusivePolicy::Pass), &w, 100, empty.clone(), None);
+        let v = measure(
+            &gate(InconclusivePolicy::Pass),
+            &w,
+            100,
+            empty.clone(),
+            None,
+        );
         assert_eq!(v.result.measurements.as_ref().unwrap().passed, 1);
-        let v = measure(&gate(InconclusivePolicy::Pause), &w, 100, empty.clone(), None);
+        let v = measure(
+            &gate(InconclusivePolicy::Pause),
+            &w,
+            100,
+            empty.clone(),
+            None,
+        );
         assert_eq!(
             (v.result.status, v.result.reason.as_str()),
             (GateStatus::Pending, "Inconclusive")

@@ -170,9 +170,15 @@ mod tests {
                 "Loaded license server credentials: url=https://license.sim.invalid token=simtok-0123456789abcdef",
                 "simtok-0123456789abcdef",
             ),
-            ("auth: Bearer eyJhbGciOiJIUzI1NiJ9.x.y failed", "eyJhbGciOiJIUzI1NiJ9"),
+            (
+                "auth: Bearer eyJhbGciOiJIUzI1NiJ9.x.y failed",
+                "eyJhbGciOiJIUzI1NiJ9",
+            ),
             ("PASSWORD=hunter2 rest", "hunter2"),
-            ("connecting to https://admin:s3cr3t@registry.example/v2", "s3cr3t"),
+            (
+                "connecting to https://admin:s3cr3t@registry.example/v2",
+                "s3cr3t",
+            ),
             ("{\"api_key\": \"abc123\"}", "abc123"),
             ("NGC_API_KEY=nvapi-xyz", "nvapi-xyz"),
         ];

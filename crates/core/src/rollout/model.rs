@@ -521,7 +521,9 @@ impl Model {
             }
         }
         // A deleted node takes its probes with it.
-        self.cluster.probes.retain(|_, p| nodes.contains_key(&p.node));
+        self.cluster
+            .probes
+            .retain(|_, p| nodes.contains_key(&p.node));
     }
 
     /// Device plugins: allocatable follows the Ready agent's release.
@@ -957,8 +959,10 @@ impl Model {
                 if let Some(canary) = new.stages.iter().find(|x| x.index == 0) {
                     for n in &canary.nodes {
                         if !canary.probes.iter().any(|r| &r.node == n) {
-                            self.violations
-                                .push(format!("stage {} passed with canary {n} not probed", s.index));
+                            self.violations.push(format!(
+                                "stage {} passed with canary {n} not probed",
+                                s.index
+                            ));
                         }
                     }
                 }
@@ -975,8 +979,9 @@ impl Model {
             if !alive.contains(name) {
                 let passes = self.probe_orphaned.get(name).copied().unwrap_or(0) + 1;
                 if passes > 15 {
-                    self.violations
-                        .push(format!("probe pod {name} outlived its stage for {passes} passes"));
+                    self.violations.push(format!(
+                        "probe pod {name} outlived its stage for {passes} passes"
+                    ));
                 }
                 orphaned.insert(name.clone(), passes);
             }

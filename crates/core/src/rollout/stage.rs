@@ -112,7 +112,14 @@ pub(super) fn roll(
     let mut verdicts = gates::evaluate_all(o.spec, &snapshot, &st.stages[stage_pos].gates);
     if let Some(gate) = o.spec.probe_gate() {
         // Judged last: it probes only nodes the other gates find nothing wrong with.
-        let probe = gates::probe::step(gate, &snapshot, &mut st.stages, index, o.rollout_id, &verdicts);
+        let probe = gates::probe::step(
+            gate,
+            &snapshot,
+            &mut st.stages,
+            index,
+            o.rollout_id,
+            &verdicts,
+        );
         if !probe.create.is_empty() {
             actions.push(Action::CreateProbePods {
                 probes: probe.create,
