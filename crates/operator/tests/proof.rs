@@ -256,6 +256,19 @@ async fn wait_no_probe_pods(env: &Env, within: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until `saferollout_gate_failures_total` of `gate` reaches `n` (the
+/// operator counts after its status write, which a watch may see first).
+async fn wait_gate_failures(env: &Env, gate: &str, n: f64) -> anyhow::Result<()> {
+    let got = poll(
+        &format!("{n} {gate} failures counted"),
+        Duration::from_secs(10),
+        || Ok(Some(gate_failures(env, gate)?).filter(|c| *c >= n)),
+    )
+    .await?;
+    assert_eq!(got, n, "{gate} failures");
+    Ok(())
+}
+
 /// `saferollout_gate_failures_total` of `gate` on the operator's /metrics.
 fn gate_failures(env: &Env, gate: &str) -> anyhow::Result<f64> {
     let (code, body) = http_get(env.metrics, "/metrics")?;
@@ -458,11 +471,7 @@ async fn a_broken_plugin_is_caught_by_the_probe_alone() -> anyhow::Result<()> {
     .await?;
     assert_eq!(st.stages[0].probes[0].status, GateStatus::Failed);
     wait_no_probe_pods(&env, Duration::from_secs(10)).await?;
-    let failures = poll("the probe failure counted", Duration::from_secs(10), || {
-        Ok(Some(gate_failures(&env, "probe")?).filter(|n| *n >= 1.0))
-    })
-    .await?;
-    assert_eq!(failures, 1.0);
+    wait_gate_failures(&env, "probe", 1.0).await?;
     let report = status_json(&env)?;
     assert_eq!(report["probes"][0]["reason"], "Unschedulable", "{report:#}");
     Ok(())
@@ -557,7 +566,7 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
         !env.op.log_text().contains("simtok-"),
         "a token in the operator's log"
     );
-    assert_eq!(gate_failures(&env, "logs")?, 2.0);
+    wait_gate_failures(&env, "logs", 2.0).await?;
     Ok(())
 }
 
@@ -615,6 +624,6 @@ async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured(
     let g = failed_gate(&st, "prometheus/gpu-healthy");
     assert_eq!(g.reason, "Inconclusive", "{g:?}");
     assert!(g.message.contains("no data"), "{}", g.message);
-    assert_eq!(gate_failures(&env, "prometheus/gpu-healthy")?, 2.0);
+    wait_gate_failures(&env, "prometheus/gpu-healthy", 2.0).await?;
     Ok(())
 }
