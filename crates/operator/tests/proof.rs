@@ -34,6 +34,9 @@ const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const V1: &str = "registry.example/plugin:v1";
 
+/// The DRA DeviceClass the fixture's drivers publish devices for.
+const DEVICE_CLASS: &str = "gpu.sim.saferollout.dev";
+
 struct Env {
     _serial: tokio::sync::MutexGuard<'static, ()>,
     ns: TestNamespace,
@@ -41,11 +44,31 @@ struct Env {
     resource: String,
     metrics: u16,
     op: Operator,
+    /// The agent is a DRA driver (else a device plugin).
+    dra: bool,
+}
+
+impl Env {
+    /// The agent's pod template with `image`.
+    fn template(&self, image: &str) -> serde_json::Value {
+        if self.dra {
+            json!({
+                "metadata": {"labels": {"app": "plugin", "sim.saferollout.dev/agent": "dra-driver"}},
+                "spec": {"containers": [{"name": "driver", "image": image}]}
+            })
+        } else {
+            agent_template(&self.resource, image)
+        }
+    }
 }
 
 /// A namespace, the plugin DaemonSet on v1 advertising the test's own
 /// resource, and the operator (as its ServiceAccount) watching it.
 async fn setup(name: &str) -> anyhow::Result<Env> {
+    setup_agent(name, false).await
+}
+
+async fn setup_agent(name: &str, dra: bool) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();
     support::install(c)?;
@@ -63,15 +86,28 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
         ],
         &format!("proof-{}", ns.name),
     )?;
-    create_plugin_daemonset(&client, &ns.name, &resource, V1).await?;
-    Ok(Env {
+    let env = Env {
         _serial: serial,
         ns,
         client,
         resource,
         metrics,
         op,
-    })
+        dra,
+    };
+    if dra {
+        let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "plugin"},
+            "spec": {"selector": {"matchLabels": {"app": "plugin"}}, "template": env.template(V1)}
+        }))?;
+        Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+            .create(&Default::default(), &ds)
+            .await?;
+        support::wait_agents(&env.client, &env.ns.name, V1).await?;
+    } else {
+        create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, V1).await?;
+    }
+    Ok(env)
 }
 
 fn srs(env: &Env) -> Api<SafeRollout> {
@@ -82,7 +118,7 @@ fn srs(env: &Env) -> Api<SafeRollout> {
 fn spec(env: &Env, image: &str, gates: serde_json::Value) -> serde_json::Value {
     json!({
         "targetRef": {"name": "plugin"},
-        "template": agent_template(&env.resource, image),
+        "template": env.template(image),
         "stages": [{"nodes": 1}, {"nodes": "100%"}],
         "maxUnavailable": 1,
         "progressDeadline": "3m",
@@ -92,24 +128,30 @@ fn spec(env: &Env, image: &str, gates: serde_json::Value) -> serde_json::Value {
 
 /// Rolls out `image` with `gates`, from the adopted v1.
 async fn roll(env: &Env, image: &str, gates: serde_json::Value) -> anyhow::Result<()> {
-    let patch = json!({"spec": {"template": agent_template(&env.resource, image), "gates": gates}});
+    let patch = json!({"spec": {"template": env.template(image), "gates": gates}});
     srs(env)
         .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
         .await?;
     Ok(())
 }
 
-/// The probe template the fixture runs as a workload (its kubelet).
+/// The probe template the fixture runs as a workload (its kubelet): one
+/// device of the test's resource, or (DRA) of the fixture's DeviceClass.
 fn probe_gate(env: &Env, timeout: &str, sample: serde_json::Value) -> serde_json::Value {
-    json!({
+    let mut gate = json!({
         "template": {
             "metadata": {"labels": {"sim.saferollout.dev/workload": "probe"}},
             "spec": {"containers": [{"name": "vector-add", "image": "registry.example/cuda-vector-add:v1"}]}
         },
-        "resource": env.resource,
         "sample": sample,
         "timeout": timeout,
-    })
+    });
+    if env.dra {
+        gate["deviceClassName"] = json!(DEVICE_CLASS);
+    } else {
+        gate["resource"] = json!(env.resource);
+    }
+    gate
 }
 
 /// The fixture's metrics port (`sim-metrics` in the state dir's `ports`).
@@ -625,5 +667,233 @@ async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured(
     assert_eq!(g.reason, "Inconclusive", "{g:?}");
     assert!(g.message.contains("no data"), "{}", g.message);
     wait_gate_failures(&env, "prometheus/gpu-healthy", 2.0).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn dra_probes_claim_a_device_pass_on_a_healthy_driver_and_fail_on_a_broken_one()
+-> anyhow::Result<()> {
+    let env = setup_agent("dra", true).await?;
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        spec(&env, V1, json!({})),
+    )
+    .await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    roll(
+        &env,
+        "registry.example/plugin:v2",
+        json!({"probe": probe_gate(&env, "20s", json!(1))}),
+    )
+    .await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stages.len() == 2
+    })
+    .await?;
+    let probes: Vec<_> = st.stages.iter().flat_map(|s| &s.probes).collect();
+    assert_eq!(probes.len(), 2, "{probes:?}");
+    assert!(
+        probes.iter().all(|p| p.status == GateStatus::Passed),
+        "{probes:?}"
+    );
+    wait_no_probe_pods(&env, Duration::from_secs(10)).await?;
+
+    let broken = "registry.example/plugin:v3-broken";
+    roll(
+        &env,
+        broken,
+        json!({"probe": probe_gate(&env, "10s", json!(1))}),
+    )
+    .await?;
+    let st = fault_to_decision(&env, broken, "probe (DRA)").await?;
+    let g = failed_gate(&st, "probe");
+    assert_eq!(g.reason, "Unschedulable", "{g:?}");
+    assert!(
+        g.message.contains("cannot allocate all claims"),
+        "{}",
+        g.message
+    );
+    wait_no_probe_pods(&env, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// A CA and a server certificate for 127.0.0.1 (openssl), in `dir`.
+fn loopback_certificates(dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let sh = |script: &str| {
+        support::run(
+            std::process::Command::new("sh")
+                .arg("-ec")
+                .arg(script)
+                .current_dir(dir),
+        )
+    };
+    sh(
+        "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=proof-ca 2>/dev/null",
+    )?;
+    sh(
+        "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1 2>/dev/null",
+    )?;
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")?;
+    sh(
+        "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 -extfile san.ext -out server.crt 2>/dev/null",
+    )?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allowed()
+-> anyhow::Result<()> {
+    let env = setup("tls").await?;
+    let dir = std::env::temp_dir().join(format!("saferollout-proof-tls-{}", std::process::id()));
+    loopback_certificates(&dir)?;
+    std::fs::write(
+        dir.join("web.yml"),
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            dir.join("server.crt").display(),
+            dir.join("server.key").display()
+        ),
+    )?;
+    let sim = sim_metrics_port()?;
+    let prom = Prometheus::start_with_args(
+        "proof-tls",
+        &format!(
+            "scrape_configs:\n- job_name: sim-gpus\n  static_configs:\n  - targets: ['127.0.0.1:{sim}']\n"
+        ),
+        &[format!(
+            "--web.config.file={}",
+            dir.join("web.yml").display()
+        )],
+    )?;
+    let address = format!("https://127.0.0.1:{}", prom.port);
+    // Ready once it has scraped the fixture: asked over TLS with the
+    // operator's own client, trusting only the test's CA.
+    let ca = std::fs::read(dir.join("ca.crt"))?;
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let outcome = saferollout_operator::controller::proof::query_with(
+            &address,
+            "count(saferollout_sim_gpu_healthy)",
+            Duration::from_secs(2),
+            None,
+            Some(&ca),
+        )
+        .await;
+        if matches!(&outcome, saferollout_core::gates::proof::MeasurementOutcome::Samples(s) if !s.is_empty())
+        {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "Prometheus over TLS: {outcome:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let token = "prom-token-do-not-leak-4711";
+    let c = cluster();
+    c.kubectl(&[
+        "-n",
+        &env.ns.name,
+        "create",
+        "secret",
+        "generic",
+        "prom-auth",
+        &format!("--from-file=ca.crt={}", dir.join("ca.crt").display()),
+        &format!("--from-literal=token={token}"),
+    ])?;
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        spec(&env, V1, json!({})),
+    )
+    .await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    let gates = json!({"prometheus": [{"name": "gpu-healthy", "address": address,
+        "query": "saferollout_sim_gpu_healthy{node=~\"$STAGE_NODES\"}",
+        "condition": "== 1", "interval": "2s", "count": 2,
+        "tls": {"caSecret": {"name": "prom-auth", "key": "ca.crt"}},
+        "bearerTokenSecret": {"name": "prom-auth", "key": "token"}}]});
+
+    // The default RBAC reads no Secret: the measurement is inconclusive
+    // (inconclusive: Fail) and says why.
+    roll(&env, "registry.example/plugin:v2", gates.clone()).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        !st.blocked_revisions.is_empty()
+    })
+    .await?;
+    let g = failed_gate(&st, "prometheus/gpu-healthy");
+    assert_eq!(g.reason, "Inconclusive", "{g:?}");
+    assert!(
+        g.message.contains("cannot read Secret \"prom-auth\"") && g.message.contains("403"),
+        "{}",
+        g.message
+    );
+
+    // The chart's value grants `get` on that one Secret (a Role in the
+    // watched namespace): the same gate passes over TLS.
+    let rendered = support::helm(&[
+        "template",
+        "saferollout",
+        "charts/saferollout",
+        "--namespace",
+        "saferollout-system",
+        "--set",
+        "fullnameOverride=saferollout-operator",
+        "--set",
+        &format!("watchNamespaces={{{}}}", env.ns.name),
+        "--set",
+        "prometheusGate.secretNames={prom-auth}",
+        "--show-only",
+        "templates/rbac.yaml",
+    ])?;
+    let roles: Vec<&str> = rendered
+        .split("\n---")
+        .filter(|d| {
+            d.contains(&format!("namespace: {}", env.ns.name))
+                && (d.contains("kind: Role\n") || d.contains("kind: RoleBinding\n"))
+        })
+        .collect();
+    assert_eq!(roles.len(), 2, "{rendered}");
+    assert!(
+        roles
+            .iter()
+            .any(|r| r.contains("resources: [secrets], verbs: [get], resourceNames: [prom-auth]")),
+        "{rendered}"
+    );
+    let file = dir.join("roles.yaml");
+    std::fs::write(&file, roles.join("\n---\n"))?;
+    c.kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+    roll(&env, "registry.example/plugin:v3", gates).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded)
+            && st.target_revision == st.stable_revision
+            && st.stages.len() == 2
+    })
+    .await?;
+    let g = st.stages[0]
+        .gates
+        .iter()
+        .find(|g| g.gate == "prometheus/gpu-healthy")
+        .unwrap();
+    assert_eq!(g.status, GateStatus::Passed, "{g:?}");
+
+    // The token appears nowhere the operator writes.
+    let sr = srs(&env).get("plugin").await?;
+    assert!(!serde_json::to_string(&sr.status)?.contains(token));
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), &env.ns.name);
+    assert!(
+        !serde_json::to_string(&events.list(&Default::default()).await?.items)?.contains(token)
+    );
+    assert!(
+        !env.op.log_text().contains(token),
+        "the token in the operator's log"
+    );
+    drop(prom);
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

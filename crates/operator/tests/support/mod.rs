@@ -514,6 +514,12 @@ impl Prometheus {
     /// Starts Prometheus with a 1 s scrape and evaluation interval and
     /// `config` (rule files, scrape configs) after the global section.
     pub fn start(name: &str, config: &str) -> anyhow::Result<Self> {
+        Self::start_with_args(name, config, &[])
+    }
+
+    /// [`Prometheus::start`] with more command-line arguments (e.g.
+    /// `--web.config.file` for TLS).
+    pub fn start_with_args(name: &str, config: &str, args: &[String]) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "saferollout-prometheus-{name}-{}",
             std::process::id()
@@ -534,6 +540,7 @@ impl Prometheus {
                 dir.join("data").display()
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args(args)
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()?;
