@@ -110,7 +110,9 @@ const ROLLOUT_RULES: &[(&str, &[&str])] = &[
         "apps/controllerrevisions",
         &["get", "list", "watch", "create", "delete"],
     ),
-    ("/pods", &["get", "list", "watch", "delete"]),
+    ("/pods", &["get", "list", "watch", "delete", "create"]),
+    ("/pods/log", &["get"]),
+    ("resource.k8s.io/resourceclaimtemplates", &["create"]),
     ("events.k8s.io/events", &["create", "patch"]),
 ];
 const CLUSTER_RULES: &[(&str, &[&str])] = &[
@@ -119,6 +121,11 @@ const CLUSTER_RULES: &[(&str, &[&str])] = &[
 ];
 
 fn no_wildcards_no_secrets(objs: &[Value]) {
+    no_wildcards_and_secrets_only(objs, &[]);
+}
+
+/// No wildcards; Secrets only `get`, only by the names given.
+fn no_wildcards_and_secrets_only(objs: &[Value], names: &[&str]) {
     for role in of_kind(objs, "ClusterRole")
         .into_iter()
         .chain(of_kind(objs, "Role"))
@@ -131,11 +138,16 @@ fn no_wildcards_no_secrets(objs: &[Value]) {
                     role["metadata"]["name"]
                 );
             }
-            assert!(
-                !strings(&rule["resources"]).contains(&"secrets".to_string()),
-                "{} reads Secrets: {rule}",
-                role["metadata"]["name"]
-            );
+            if strings(&rule["resources"]).contains(&"secrets".to_string()) {
+                let allowed: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+                assert!(
+                    !names.is_empty()
+                        && strings(&rule["verbs"]) == ["get"]
+                        && strings(&rule["resourceNames"]) == allowed,
+                    "{} reads Secrets: {rule}",
+                    role["metadata"]["name"]
+                );
+            }
         }
     }
 }
@@ -273,10 +285,10 @@ fn the_default_release_is_hardened_with_two_leader_elected_replicas() -> anyhow:
         pairs(&lease),
         expect_pairs(&[(
             "coordination.k8s.io/leases",
-            &["create", "get", "update", "patch"]
+            &["create", "get", "list", "watch", "update", "patch"]
         )])
     );
-    for verb in ["get", "update", "patch"] {
+    for verb in ["get", "list", "watch", "update", "patch"] {
         assert_eq!(
             lease[&("coordination.k8s.io/leases".to_string(), verb.to_string())],
             BTreeSet::from(["t-saferollout".to_string()]),
@@ -342,6 +354,33 @@ fn the_namespaced_mode_keeps_pod_and_daemonset_rights_in_the_listed_namespaces()
         assert!(bound, "a RoleBinding in {ns}");
     }
     assert_eq!(roles.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn the_prometheus_gate_reads_only_the_secrets_named_by_the_value() -> anyhow::Result<()> {
+    for mode in [vec![], vec!["--set", "watchNamespaces={gpu-operator}"]] {
+        let mut args = vec!["--set", "prometheusGate.secretNames={prom-token,prom-ca}"];
+        args.extend(mode.iter().copied());
+        let objs = render(&args)?;
+        no_wildcards_and_secrets_only(&objs, &["prom-token", "prom-ca"]);
+        let rollouts: Vec<&Value> = of_kind(&objs, "ClusterRole")
+            .into_iter()
+            .chain(of_kind(&objs, "Role"))
+            .filter(|r| {
+                r["rules"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|rule| strings(&rule["resources"]).contains(&"secrets".to_string()))
+            })
+            .collect();
+        assert_eq!(rollouts.len(), 1, "{mode:?}: {rollouts:#?}");
+        if !mode.is_empty() {
+            assert_eq!(rollouts[0]["kind"], "Role", "namespaced where possible");
+            assert_eq!(rollouts[0]["metadata"]["namespace"], "gpu-operator");
+        }
+    }
     Ok(())
 }
 
