@@ -51,6 +51,8 @@ pub struct ProbeRequest {
     pub name: String,
     pub node: String,
     pub stage: usize,
+    /// The revision the probe proves.
+    pub revision: String,
 }
 
 /// The probe gate's judgement of one pass.
@@ -289,6 +291,7 @@ pub fn step(
                 name,
                 node: node.clone(),
                 stage: index,
+                revision: revision.to_string(),
             });
             running.push(node.clone());
             recheck = Some(recheck.map_or(limit, |r| r.min(limit)));
@@ -334,6 +337,7 @@ pub fn step(
                             name: record.pod.clone(),
                             node: record.node.clone(),
                             stage: stage_of_record,
+                            revision: revision.to_string(),
                         });
                     }
                     let (reason, message) = if unschedulable {

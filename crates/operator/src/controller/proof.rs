@@ -100,7 +100,13 @@ pub async fn gather(
 ) -> ProofEvidence {
     let spec = &sr.spec;
     let mut evidence = ProofEvidence::default();
-    let rolling = status.target_revision.is_some() && status.current_stage.is_some();
+    // Logs and measurements matter only while a stage is being judged.
+    let rolling = status.target_revision.is_some()
+        && status.current_stage.is_some()
+        && matches!(
+            status.phase,
+            Some(saferollout_api::Phase::Progressing | saferollout_api::Phase::Paused)
+        );
     if spec.probe_gate().is_some()
         || !ctx
             .caches
@@ -598,12 +604,6 @@ pub async fn create_probes(
     let owner = sr
         .controller_owner_ref(&())
         .ok_or(super::Error::MissingField("metadata.uid"))?;
-    let revision = sr
-        .status
-        .as_ref()
-        .and_then(|s| s.target_revision.clone())
-        .or_else(|| world.current_revision().map(str::to_string))
-        .unwrap_or_default();
     let agent_tolerations = world
         .ds
         .as_ref()
@@ -639,7 +639,7 @@ pub async fn create_probes(
                 namespace: &key.0,
                 node: &req.node,
                 stage: req.stage,
-                revision: &revision,
+                revision: &req.revision,
                 rollout_id: &id,
                 owner: owner.clone(),
                 agent_tolerations: &agent_tolerations,
@@ -698,7 +698,10 @@ async fn ensure_claim_template(
     }
 }
 
-/// Deletes probe pods by name, each conditional on its UID.
+/// Deletes probe pods by name, each conditional on its UID, with the pod's
+/// own grace period (a judged probe has ended: the API server removes an
+/// ended or unscheduled pod at once; one still running is stopped by its
+/// kubelet, never force-deleted while it holds a device).
 pub async fn delete_probes(
     ctx: &Context,
     key: &RolloutKey,
@@ -711,7 +714,6 @@ pub async fn delete_probes(
                 uid: Some(uid.clone()),
                 resource_version: None,
             }),
-            grace_period_seconds: Some(0),
             ..Default::default()
         };
         match api.delete(name, &params).await {
