@@ -96,6 +96,13 @@ pub struct ProbeGate {
     #[schemars(schema_with = "probe_sample")]
     pub sample: Option<IntOrString>,
 
+    /// How long after the node's new agent is Ready (and the other gates
+    /// accept the node) the probe is created: a restarted plugin needs a
+    /// moment before the node shows what it advertises.
+    #[serde(default = "default_probe_delay")]
+    #[schemars(schema_with = "probe_delay")]
+    pub delay: DurationString,
+
     /// How long a probe may take from its creation to `Succeeded`
     /// (scheduling, image pull, run). When it passes, the probe fails with
     /// what it saw (the scheduler's message, the container's state).
@@ -335,6 +342,10 @@ impl Default for LogsGate {
     }
 }
 
+fn default_probe_delay() -> DurationString {
+    DurationString::from("5s")
+}
+
 fn default_probe_timeout() -> DurationString {
     DurationString::from("2m")
 }
@@ -414,6 +425,10 @@ fn probe_sample(_: &mut SchemaGenerator) -> Schema {
         "nullable": false,
         "x-kubernetes-validations": [rule(&count_or_percent_rule(), MSG_PROBE_SAMPLE)],
     })
+}
+
+fn probe_delay(_: &mut SchemaGenerator) -> Schema {
+    duration("gates.probe.delay", false)
 }
 
 fn probe_timeout(_: &mut SchemaGenerator) -> Schema {
@@ -654,6 +669,13 @@ fn validate_probe(p: &ProbeGate, push: Push) {
             push(format!("{path}.sample"), MSG_PROBE_SAMPLE.into());
         }
     }
+    crate::validate::check_duration(
+        push,
+        &format!("{path}.delay"),
+        "gates.probe.delay",
+        &p.delay,
+        false,
+    );
     crate::validate::check_duration(
         push,
         &format!("{path}.timeout"),

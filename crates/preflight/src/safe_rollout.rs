@@ -52,6 +52,7 @@ pub fn field_error_code(path: &str) -> &'static str {
         | "spec.gates.podsReady.timeout"
         | "spec.gates.allocatable.soak"
         | "spec.gates.probe.timeout"
+        | "spec.gates.probe.delay"
         | "spec.gates.logs.window"
         | "spec.gates.logs.interval"
         | "spec.gates.prometheus.interval"

@@ -133,6 +133,13 @@ fn timeout(gate: &ProbeGate) -> Duration {
     gate.timeout.to_std().unwrap_or(Duration::from_secs(120))
 }
 
+fn delay(gate: &ProbeGate) -> Duration {
+    gate.delay.to_std().unwrap_or(Duration::from_secs(5))
+}
+
+/// Reason of a probe record whose pod is not asked for yet (the delay runs).
+pub const WAITING: &str = "Waiting";
+
 /// What a probe pod shows, judged: `Some(record)` once decided.
 fn judge_pod(pod: &ProbePod) -> Option<(GateStatus, &'static str, String)> {
     let tail = pod
@@ -266,7 +273,9 @@ pub fn step(
                 .filter(|_| s.index as usize <= index)
                 .map(|ri| (si, ri))
         });
-        let Some((si, ri)) = found else {
+        let (si, ri) = if let Some(found) = found {
+            found
+        } else {
             let ready = snap.target_pod(node).is_some_and(|p| p.running && p.ready);
             if !ready || violating.contains(node) || snap.node(node).is_none() {
                 awaiting.push(node.clone());
@@ -277,8 +286,11 @@ pub fn step(
                 node: node.clone(),
                 pod: name.clone(),
                 status: GateStatus::Pending,
-                reason: "Created".into(),
-                message: format!("probe pod {name} asked for on node {node}"),
+                reason: WAITING.into(),
+                message: format!(
+                    "probe pod {name} on node {node} is created {} after the agent is Ready",
+                    gate.delay.as_str()
+                ),
                 since: Time(snap.now),
             };
             let pos = stages
@@ -287,18 +299,46 @@ pub fn step(
                 .expect("the current stage is recorded");
             stages[pos].probes.push(record);
             stages[pos].probes.sort_by(|a, b| a.node.cmp(&b.node));
+            let pos_in = stages[pos]
+                .probes
+                .iter()
+                .position(|r| &r.node == node)
+                .expect("just recorded");
+            (pos, pos_in)
+        };
+        let stage_of_record = stages[si].index as usize;
+        let record = &mut stages[si].probes[ri];
+        // The delay: the pod is asked for once it has passed (the timeout
+        // counts from then).
+        if record.status == GateStatus::Pending && record.reason == WAITING {
+            let ready = snap.target_pod(node).is_some_and(|p| p.running && p.ready);
+            if !ready || violating.contains(node) {
+                // The delay starts again once the node is fit again.
+                record.since = Time(snap.now);
+                awaiting.push(node.clone());
+                continue;
+            }
+            let waited = elapsed(record.since.0, snap.now);
+            let wait = delay(gate);
+            if waited < wait {
+                let left = wait - waited;
+                recheck = Some(recheck.map_or(left, |r| r.min(left)));
+                running.push(node.clone());
+                continue;
+            }
+            record.reason = "Created".into();
+            record.message = format!("probe pod {} asked for on node {node}", record.pod);
+            record.since = Time(snap.now);
             create.push(ProbeRequest {
-                name,
+                name: record.pod.clone(),
                 node: node.clone(),
-                stage: index,
+                stage: stage_of_record,
                 revision: revision.to_string(),
             });
             running.push(node.clone());
             recheck = Some(recheck.map_or(limit, |r| r.min(limit)));
             continue;
-        };
-        let stage_of_record = stages[si].index as usize;
-        let record = &mut stages[si].probes[ri];
+        }
         if record.status == GateStatus::Pending {
             let pod = observed.get(record.pod.as_str()).copied();
             if let Some((status, reason, message)) = pod.and_then(judge_pod) {
@@ -668,6 +708,7 @@ mod tests {
             resource: Some("example.com/gpu".into()),
             device_class_name: None,
             sample: None,
+            delay: "0s".into(),
             timeout: "20s".into(),
         }
     }
@@ -748,6 +789,40 @@ mod tests {
             ..Default::default()
         };
         assert!(alive(&status).is_empty(), "judged probes are deleted");
+    }
+
+    #[test]
+    fn the_probe_is_created_only_after_the_delay_and_its_timeout_counts_from_then() {
+        let mut w = World::healthy(1, 8);
+        let g = ProbeGate {
+            delay: "5s".into(),
+            ..gate()
+        };
+        let mut st = stages(&w);
+        let ev = ProofEvidence::default();
+        let run = |w: &World, st: &mut Vec<StageStatus>| {
+            w.with_proof(&ev, |s| step(&g, s, st, 0, "ns.plugin", &[]))
+        };
+        let s = run(&w, &mut st);
+        assert!(s.create.is_empty());
+        assert_eq!(st[0].probes[0].reason, WAITING);
+        assert_eq!(s.verdict.recheck_after, Some(Duration::from_secs(5)));
+        w.now = ts(105);
+        let s = run(&w, &mut st);
+        assert_eq!(s.create.len(), 1);
+        assert_eq!(st[0].probes[0].since, Time(ts(105)));
+        // A node that stops being fit restarts the delay.
+        let mut st = stages(&w);
+        run(&w, &mut st);
+        w.pod("node-0").ready = false;
+        w.now = ts(110);
+        assert!(run(&w, &mut st).create.is_empty());
+        w.pod("node-0").ready = true;
+        w.now = ts(112);
+        assert!(
+            run(&w, &mut st).create.is_empty(),
+            "only 2s since fit again"
+        );
     }
 
     #[test]

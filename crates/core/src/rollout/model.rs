@@ -293,6 +293,7 @@ impl Model {
             resource: Some(RESOURCE.into()),
             device_class_name: None,
             sample: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(sample)),
+            delay: "1s".into(),
             timeout: "10s".into(),
         });
     }
