@@ -1,6 +1,7 @@
 {{/*
 The operator's RBAC rules, one rule a line, each with why it is needed.
-Verbs are enumerated (no wildcards) and nothing reads Secrets. Reads and
+Verbs are enumerated (no wildcards) and nothing reads Secrets unless
+`prometheusGate.secretNames` names them (then only those, by name). Reads and
 writes of a resource are separate lines, so a write can be audited (and
 removed) on its own. To add a rule, add one line to the right set below; an
 optional rule goes behind a value, e.g.
@@ -28,8 +29,18 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 - {apiGroups: [apps], resources: [controllerrevisions], verbs: [create, delete]}
 # Pods: read the agent pods.
 - {apiGroups: [""], resources: [pods], verbs: [get, list, watch]}
-# Pods: replace agent pods node by node, at most maxUnavailable at a time.
+# Pods: replace agent pods node by node, at most maxUnavailable at a time; delete judged probe pods.
 - {apiGroups: [""], resources: [pods], verbs: [delete]}
+# Pods: create the probe gate's probe pods (pinned to a stage node, one device, owned by the SafeRollout).
+- {apiGroups: [""], resources: [pods], verbs: [create]}
+# Pod logs: the logs gate reads agent logs for fatal lines; the probe gate reads a failed probe's last lines.
+- {apiGroups: [""], resources: [pods/log], verbs: [get]}
+# ResourceClaimTemplates: the one through which DRA probes claim a device (probe gate with deviceClassName).
+- {apiGroups: [resource.k8s.io], resources: [resourceclaimtemplates], verbs: [create]}
+{{- with .Values.prometheusGate.secretNames }}
+# Secrets: only these, by name: the prometheus gate's bearer tokens and CA bundles.
+- {apiGroups: [""], resources: [secrets], verbs: [get], resourceNames: [{{ join ", " . }}]}
+{{- end }}
 # Events about each SafeRollout (gate failures, reverts, preflight findings).
 - {apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}
 {{- if .Values.deviceGates.enabled }}

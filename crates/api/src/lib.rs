@@ -16,6 +16,7 @@ pub mod consts;
 pub mod devices;
 pub mod duration;
 pub mod intstr;
+pub mod proof;
 pub mod quantity;
 pub mod schema;
 pub mod spec;
@@ -30,6 +31,11 @@ pub use devices::{
 };
 pub use duration::{DurationError, DurationString, format_duration, parse_duration};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
+pub use proof::{
+    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, LogsGate, Measurements,
+    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, ProbeGate, ProbeRecord, PrometheusGate,
+    PrometheusTls, STAGE_NODES_PLACEHOLDER, SecretKeyRef, UnreadablePolicy,
+};
 pub use quantity::{count_of, quantity_count};
 pub use spec::{
     AllocatableGate, Canary, Gates, PodsReadyGate, Preflight, PreflightPolicy, SafeRollout,

@@ -222,3 +222,7 @@ pub(crate) fn list_map_by_node(schema: &mut Schema) {
 pub(crate) fn list_map_by_resource(schema: &mut Schema) {
     list_map(schema, &["resource"]);
 }
+
+pub(crate) fn list_map_by_name(schema: &mut Schema) {
+    list_map(schema, &["name"]);
+}

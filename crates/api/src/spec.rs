@@ -226,6 +226,19 @@ pub struct Gates {
     /// it reported (or failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_taints: Option<DeviceTaintsGate>,
+    /// A short-lived pod per stage node (or a sample) that asks for one
+    /// device and must succeed: proves the devices serve workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::proof::ProbeGate>,
+
+    /// Agent pod logs must show no fatal line within a window after start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<crate::proof::LogsGate>,
+
+    /// PromQL analyses over the stage's nodes. At most 8, one per name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), transform = schema::list_map_by_name)]
+    pub prometheus: Vec<crate::proof::PrometheusGate>,
 }
 
 /// Settings of the podsReady gate.
@@ -413,6 +426,24 @@ impl SafeRolloutSpec {
             Some(t) => t.to_std(),
             None => self.progress_deadline_duration(),
         }
+    }
+
+    /// The probe gate, when configured.
+    pub fn probe_gate(&self) -> Option<&crate::proof::ProbeGate> {
+        self.gates.as_ref().and_then(|g| g.probe.as_ref())
+    }
+
+    /// The logs gate, when configured.
+    pub fn logs_gate(&self) -> Option<&crate::proof::LogsGate> {
+        self.gates.as_ref().and_then(|g| g.logs.as_ref())
+    }
+
+    /// The prometheus gates (empty when none).
+    pub fn prometheus_gates(&self) -> &[crate::proof::PrometheusGate] {
+        self.gates
+            .as_ref()
+            .map(|g| g.prometheus.as_slice())
+            .unwrap_or(&[])
     }
 
     /// The allocatable gates (empty when none).

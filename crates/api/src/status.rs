@@ -302,6 +302,11 @@ pub struct StageStatus {
     /// Nodes of this stage whose claims probe passed (their probe is deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probed: Vec<String>,
+    /// The probe gate's verdict per node this stage probed (the probe pods
+    /// themselves are deleted once judged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_node)]
+    pub probes: Vec<crate::proof::ProbeRecord>,
 }
 
 /// A node and a reason (skipped by a stage, stuck during a revert).
@@ -372,6 +377,9 @@ pub struct GateResult {
     /// from here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
+    /// Gates that measure repeatedly (prometheus): the tally so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measurements: Option<crate::proof::Measurements>,
 }
 
 /// The template recorded as good before a rollout changed anything.

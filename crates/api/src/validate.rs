@@ -161,9 +161,25 @@ impl SafeRolloutSpec {
                     false,
                 );
             }
+            crate::proof::validate(gates, &mut |path, message| e.push(path, message));
         }
         crate::devices::validate(self, &mut |path, message| e.push(path, message));
         e.0
+    }
+}
+
+/// [`duration`] for validators outside this module.
+pub(crate) fn check_duration(
+    push: crate::proof::Push,
+    path: &str,
+    field: &str,
+    value: &DurationString,
+    positive: bool,
+) {
+    let mut e = Errors(Vec::new());
+    duration(&mut e, path, field, value, positive);
+    for f in e.0 {
+        push(f.path, f.message);
     }
 }
 
@@ -306,7 +322,6 @@ mod tests {
             Stage::new(IntOrString::String("100%".into())),
         ]);
         spec.gates = Some(Gates {
-            pods_ready: None,
             allocatable: vec![AllocatableGate::new("nvidia.com/gpu")],
             ..Default::default()
         });

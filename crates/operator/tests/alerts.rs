@@ -8,8 +8,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use saferollout_api::Phase;
@@ -92,79 +91,20 @@ fn promtool_unit_tests_cover_every_alert_firing_and_not_firing() -> anyhow::Resu
     Ok(())
 }
 
-/// Prometheus on 127.0.0.1, stopped when dropped.
-struct Prometheus {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Prometheus {
-    /// Scrapes exactly one static loopback target, every second, and
-    /// evaluates deploy/prometheus-rules.yaml every second.
-    fn start(target_port: u16) -> anyhow::Result<Self> {
-        let dir =
-            std::env::temp_dir().join(format!("saferollout-prometheus-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let rules = repo_root().join("deploy/prometheus-rules.yaml");
-        let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files: [{rules:?}]\n\
+/// A Prometheus that scrapes exactly one static loopback target (the
+/// operator) every second, and evaluates deploy/prometheus-rules.yaml every
+/// second.
+fn start_prometheus(target_port: u16) -> anyhow::Result<Prometheus> {
+    let rules = repo_root().join("deploy/prometheus-rules.yaml");
+    Prometheus::start(
+        "alerts",
+        &format!(
+            "rule_files: [{rules:?}]\n\
              scrape_configs:\n\
              - job_name: saferollout-operator\n  honor_labels: true\n\
              \x20 static_configs:\n  - targets: ['127.0.0.1:{target_port}']\n",
-        );
-        std::fs::write(dir.join("prometheus.yml"), config)?;
-        let port = free_loopback_port()?;
-        let log = std::fs::File::create(dir.join("prometheus.log"))?;
-        let child = Command::new(tool("prometheus"))
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .spawn()?;
-        eprintln!(
-            "prometheus on 127.0.0.1:{port} logs to {}",
-            dir.join("prometheus.log").display()
-        );
-        Ok(Prometheus { child, port, dir })
-    }
-
-    fn api(&self, path: &str) -> anyhow::Result<Value> {
-        let (code, body) = http_get(self.port, path)?;
-        anyhow::ensure!(code == 200, "GET {path}: {code} {body}");
-        let v: Value = serde_json::from_str(&body)?;
-        anyhow::ensure!(v["status"] == "success", "GET {path}: {body}");
-        Ok(v["data"].clone())
-    }
-
-    /// The alerts in state `firing` named `name`.
-    fn firing(&self, name: &str) -> anyhow::Result<Vec<Value>> {
-        let data = self.api("/api/v1/alerts")?;
-        Ok(data["alerts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
-            .cloned()
-            .collect())
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(self.dir.join("data"));
-    }
+        ),
+    )
 }
 
 #[tokio::test]
@@ -194,7 +134,7 @@ async fn prometheus_fires_gate_failed_and_rollback_alerts_on_a_broken_rollout() 
             .filter(|(code, _)| *code == 200))
     })
     .await?;
-    let prom = Prometheus::start(metrics)?;
+    let prom = start_prometheus(metrics)?;
     poll("Prometheus ready", TIMEOUT, || {
         Ok(http_get(prom.port, "/-/ready")
             .ok()

@@ -111,6 +111,8 @@ const ROLLOUT_RULES: &[(&str, &[&str])] = &[
         &["get", "list", "watch", "create", "delete"],
     ),
     ("/pods", &["get", "list", "watch", "delete", "create"]),
+    ("/pods/log", &["get"]),
+    ("resource.k8s.io/resourceclaimtemplates", &["create"]),
     ("events.k8s.io/events", &["create", "patch"]),
     ("resource.k8s.io/resourceclaims", &["create", "delete"]),
 ];
@@ -126,6 +128,11 @@ const CLUSTER_RULES: &[(&str, &[&str])] = &[
 ];
 
 fn no_wildcards_no_secrets(objs: &[Value]) {
+    no_wildcards_and_secrets_only(objs, &[]);
+}
+
+/// No wildcards; Secrets only `get`, only by the names given.
+fn no_wildcards_and_secrets_only(objs: &[Value], names: &[&str]) {
     for role in of_kind(objs, "ClusterRole")
         .into_iter()
         .chain(of_kind(objs, "Role"))
@@ -138,11 +145,16 @@ fn no_wildcards_no_secrets(objs: &[Value]) {
                     role["metadata"]["name"]
                 );
             }
-            assert!(
-                !strings(&rule["resources"]).contains(&"secrets".to_string()),
-                "{} reads Secrets: {rule}",
-                role["metadata"]["name"]
-            );
+            if strings(&rule["resources"]).contains(&"secrets".to_string()) {
+                let allowed: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+                assert!(
+                    !names.is_empty()
+                        && strings(&rule["verbs"]) == ["get"]
+                        && strings(&rule["resourceNames"]) == allowed,
+                    "{} reads Secrets: {rule}",
+                    role["metadata"]["name"]
+                );
+            }
         }
     }
 }
@@ -373,6 +385,33 @@ fn the_namespaced_mode_keeps_pod_and_daemonset_rights_in_the_listed_namespaces()
         assert!(bound, "a RoleBinding in {ns}");
     }
     assert_eq!(roles.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn the_prometheus_gate_reads_only_the_secrets_named_by_the_value() -> anyhow::Result<()> {
+    for mode in [vec![], vec!["--set", "watchNamespaces={gpu-operator}"]] {
+        let mut args = vec!["--set", "prometheusGate.secretNames={prom-token,prom-ca}"];
+        args.extend(mode.iter().copied());
+        let objs = render(&args)?;
+        no_wildcards_and_secrets_only(&objs, &["prom-token", "prom-ca"]);
+        let rollouts: Vec<&Value> = of_kind(&objs, "ClusterRole")
+            .into_iter()
+            .chain(of_kind(&objs, "Role"))
+            .filter(|r| {
+                r["rules"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|rule| strings(&rule["resources"]).contains(&"secrets".to_string()))
+            })
+            .collect();
+        assert_eq!(rollouts.len(), 1, "{mode:?}: {rollouts:#?}");
+        if !mode.is_empty() {
+            assert_eq!(rollouts[0]["kind"], "Role", "namespaced where possible");
+            assert_eq!(rollouts[0]["metadata"]["namespace"], "gpu-operator");
+        }
+    }
     Ok(())
 }
 

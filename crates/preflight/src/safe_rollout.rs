@@ -54,7 +54,13 @@ pub fn field_error_code(path: &str) -> &'static str {
         | "spec.gates.resourceSlices.soak"
         | "spec.gates.deviceTaints.soak"
         | "spec.gates.deviceHealth.handover"
-        | "spec.gates.claims.probe.timeout" => codes::DURATION,
+        | "spec.gates.claims.probe.timeout"
+        | "spec.gates.probe.timeout"
+        | "spec.gates.probe.delay"
+        | "spec.gates.logs.window"
+        | "spec.gates.logs.interval"
+        | "spec.gates.prometheus.interval"
+        | "spec.gates.prometheus.timeout" => codes::DURATION,
         "spec.maxUnavailable" => codes::MAX_UNAVAILABLE,
         "spec.gates.allocatable" | "spec.gates.allocatable.resource" => codes::ALLOCATABLE_RESOURCE,
         "spec.gates.allocatable.min" | "spec.gates.allocatable.max" => codes::ALLOCATABLE_BOUNDS,
@@ -155,7 +161,6 @@ mod tests {
         gate.min = IntOrString::Int(3);
         gate.max = IntOrString::Int(1);
         spec.gates = Some(Gates {
-            pods_ready: None,
             allocatable: vec![gate],
             ..Default::default()
         });

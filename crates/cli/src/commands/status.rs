@@ -78,6 +78,8 @@ pub struct StatusReport {
     pub last_good: Option<LastGoodReport>,
     pub stages: Vec<StageReport>,
     pub gates: Vec<GateReport>,
+    /// The probe gate's verdict per probed node.
+    pub probes: Vec<ProbeReport>,
     pub conditions: Vec<ConditionReport>,
     pub blocked_revisions: Vec<BlockedReport>,
     /// The rollout or revert under way: what, how many nodes done, since when.
@@ -116,6 +118,20 @@ pub struct QuarantineReport {
     pub nodes: Vec<String>,
     /// DRA: `<node>/<pool>` of each DeviceTaintRule.
     pub pools: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeReport {
+    /// 1-based stage the probe belongs to.
+    pub stage: i32,
+    pub node: String,
+    pub pod: String,
+    /// Pending, Passed or Failed.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub since: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -270,6 +286,21 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
                     observed: g.observed.clone(),
                     expected: g.expected.clone(),
                     since: time(g.since.as_ref()),
+                })
+            })
+            .collect(),
+        probes: st
+            .stages
+            .iter()
+            .flat_map(|s| {
+                s.probes.iter().map(move |p| ProbeReport {
+                    stage: s.index + 1,
+                    node: p.node.clone(),
+                    pod: p.pod.clone(),
+                    status: p.status.to_string(),
+                    reason: p.reason.clone(),
+                    message: p.message.clone(),
+                    since: timestamp(p.since.0),
                 })
             })
             .collect(),
@@ -518,6 +549,27 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
         out.push_str(&attention.render("  "));
     }
 
+    let mut probes = Table::new(&[
+        "STAGE", "NODE", "POD", "STATUS", "REASON", "SINCE", "MESSAGE",
+    ]);
+    for s in &st.stages {
+        for p in &s.probes {
+            probes.row([
+                format!("{}/{}", s.index + 1, stages.len()),
+                p.node.clone(),
+                p.pod.clone(),
+                p.status.to_string(),
+                or_dash(Some(&p.reason)),
+                age(Some(p.since.0), now),
+                p.message.clone(),
+            ]);
+        }
+    }
+    if !probes.is_empty() {
+        out.push_str("\nProbes:\n");
+        out.push_str(&probes.render("  "));
+    }
+
     out.push_str("\nConditions:\n");
     if st.conditions.is_empty() {
         out.push_str("  <none>\n");
@@ -761,6 +813,7 @@ mod tests {
                     observed: Some("0".into()),
                     expected: Some(">= 8".into()),
                     since: Some(Time(ts("2025-01-01T00:09:00Z"))),
+                    measurements: None,
                 }],
                 ..Default::default()
             }],
@@ -830,6 +883,15 @@ mod tests {
                     observed: Some("0".into()),
                     expected: Some(">= 8".into()),
                     since: Some(Time(ts("2025-01-01T00:09:00Z"))),
+                    measurements: None,
+                }],
+                probes: vec![saferollout_api::ProbeRecord {
+                    node: "node-a".into(),
+                    pod: "plugin-probe-0123456789".into(),
+                    status: GateStatus::Failed,
+                    reason: "Unschedulable".into(),
+                    message: "0/4 nodes are available: 1 Insufficient nvidia.com/gpu".into(),
+                    since: Time(ts("2025-01-01T00:08:30Z")),
                 }],
                 ..Default::default()
             }],
@@ -870,6 +932,10 @@ mod tests {
             "gates": [{"stage": 1, "gate": "allocatable/nvidia.com/gpu", "status": "Failed",
                 "reason": "BelowMinimum", "message": "node-a advertises 0", "node": "node-a",
                 "observed": "0", "expected": ">= 8", "since": "2025-01-01T00:09:00Z"}],
+            "probes": [{"stage": 1, "node": "node-a", "pod": "plugin-probe-0123456789",
+                "status": "Failed", "reason": "Unschedulable",
+                "message": "0/4 nodes are available: 1 Insufficient nvidia.com/gpu",
+                "since": "2025-01-01T00:08:30Z"}],
             "conditions": [{"type": "Degraded", "status": "True", "reason": "GateFailed",
                 "message": "allocatable gate failed", "lastTransitionTime": "2025-01-01T00:09:30Z"}],
             "blockedRevisions": [{"revision": "bad123", "reason": "GateFailed", "message": "0 GPUs",
@@ -940,6 +1006,7 @@ mod tests {
                     observed: Some("0".into()),
                     expected: Some(">= 8".into()),
                     since: Some(Time(ts("2025-01-01T00:09:00Z"))),
+                    measurements: None,
                 }],
                 ..Default::default()
             }],

@@ -17,4 +17,14 @@ pub struct Evidence<'a> {
     /// and quarantine the rollout keeps: see [`crate::devices`]. `None`
     /// when the runtime gathers none.
     pub devices: Option<&'a crate::devices::DeviceEvidence<'a>>,
+    /// What the probe, logs and prometheus gates observe.
+    pub proof: Option<&'a super::proof::ProofEvidence>,
+}
+
+impl<'a> Evidence<'a> {
+    /// Evidence carrying what the proof gates observe.
+    pub fn with_proof(mut self, proof: &'a super::proof::ProofEvidence) -> Self {
+        self.proof = Some(proof);
+        self
+    }
 }

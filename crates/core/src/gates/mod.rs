@@ -18,7 +18,11 @@ pub mod claims;
 pub mod device_health;
 pub mod device_taints;
 pub mod evidence;
+pub mod logs;
 pub mod pods_ready;
+pub mod probe;
+pub mod prometheus;
+pub mod proof;
 pub mod resource_slices;
 pub mod soak;
 
@@ -148,6 +152,15 @@ pub fn evaluate_all(
             ));
         }
     }
+    if let Some(gate) = spec.logs_gate() {
+        verdicts.push(logs::evaluate(gate, snap));
+    }
+    for gate in spec.prometheus_gates() {
+        let name = prometheus::gate_name(&gate.name);
+        verdicts.push(prometheus::evaluate(gate, snap, prev(&name)));
+    }
+    // (probe is judged after these, by the stage: it needs their verdicts
+    // and asks for pods; see `probe::step`.)
     verdicts
 }
 
@@ -291,7 +304,7 @@ pub(crate) mod test_support {
 
         /// Borrows the world as views and runs `f` on its snapshot.
         pub fn with_snapshot<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
-            self.with_devices(None, f)
+            self.with_evidence(&Evidence::default(), f)
         }
 
         /// [`World::with_snapshot`] with device evidence.
@@ -300,6 +313,22 @@ pub(crate) mod test_support {
             devices: Option<&crate::devices::DeviceEvidence>,
             f: impl FnOnce(&Snapshot) -> R,
         ) -> R {
+            let mut evidence = Evidence::default();
+            evidence.devices = devices;
+            self.with_evidence(&evidence, f)
+        }
+
+        /// [`World::with_snapshot`] with what the proof gates observe.
+        pub fn with_proof<R>(
+            &self,
+            proof: &crate::gates::proof::ProofEvidence,
+            f: impl FnOnce(&Snapshot) -> R,
+        ) -> R {
+            let evidence = Evidence::default().with_proof(proof);
+            self.with_evidence(&evidence, f)
+        }
+
+        fn with_evidence<R>(&self, evidence: &Evidence, f: impl FnOnce(&Snapshot) -> R) -> R {
             let pods: PodsByNode = self
                 .pods
                 .iter()
@@ -345,8 +374,6 @@ pub(crate) mod test_support {
                 .map(String::as_str)
                 .filter(|n| self.node_states.contains_key(*n))
                 .collect();
-            let mut evidence = Evidence::default();
-            evidence.devices = devices;
             let snap = Snapshot {
                 nodes: &nodes,
                 pods: &pods,
@@ -355,7 +382,7 @@ pub(crate) mod test_support {
                 baseline: &self.baseline,
                 without_progress: self.without_progress,
                 progress_deadline: Duration::from_secs(600),
-                evidence: &evidence,
+                evidence,
                 device_baseline: &self.device_baseline,
                 probed: &self.probed,
                 now: self.now,

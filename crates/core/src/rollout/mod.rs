@@ -182,6 +182,14 @@ pub enum Action {
         reason: String,
         message: String,
     },
+    /// Create these probe pods (their records are in status); one that
+    /// exists already is fine.
+    CreateProbePods {
+        probes: Vec<crate::gates::probe::ProbeRequest>,
+    },
+    /// Delete these probe pods (judged, or their stage is over), by name
+    /// with their UID as a precondition.
+    DeleteProbePods { pods: Vec<(String, String)> },
 }
 
 /// The machine's answer.
@@ -217,6 +225,7 @@ pub fn decide(o: &Observed) -> Decision {
     if o.owned_by_other.is_none() {
         devices::sync(o, &st, &mut actions);
     }
+    probe_pods_alive_only(o, &st, &mut actions);
     if st.phase != o.status.phase {
         st.phase_transition_time = Some(Time(o.now));
     }
@@ -293,6 +302,35 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         return None;
     }
     stage::roll(o, st, actions, ds, current)
+}
+
+/// Probe pods exist only while their probe is pending in the current stage
+/// of a rollout in progress: whatever path this pass took (a verdict, a
+/// failed stage, a revert, success), every other probe pod of the rollout is
+/// deleted, and none is created that would not survive the pass.
+fn probe_pods_alive_only(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>) {
+    let alive = crate::gates::probe::alive(st);
+    actions.retain_mut(|a| match a {
+        Action::CreateProbePods { probes } => {
+            probes.retain(|p| alive.contains(&p.name));
+            !probes.is_empty()
+        }
+        _ => true,
+    });
+    let stale: Vec<(String, String)> = o
+        .evidence
+        .proof
+        .map(|p| {
+            p.probe_pods
+                .iter()
+                .filter(|p| !p.deleting && !alive.contains(&p.name))
+                .map(|p| (p.name.clone(), p.uid.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !stale.is_empty() {
+        actions.push(Action::DeleteProbePods { pods: stale });
+    }
 }
 
 /// Takes over the DaemonSet's updates, remembering how it was set; false

@@ -4,7 +4,9 @@
 //! template, with a delay), the kubelets and agents (pods start, become Ready
 //! or crash as their release dictates; a device plugin advertises what its
 //! release advertises; terminating pods take a while to go), nodes (NotReady,
-//! tainted, deleted, joining), and the operator's runtime around
+//! tainted, deleted, joining), probe pods (scheduled only where the node
+//! advertises a device, succeeding where the agent still serves it), and the
+//! operator's runtime around
 //! [`decide`]: caches that lag behind the cluster (each resource on its own,
 //! never going backwards), its memory of its own writes
 //! ([`Expectations`]), the DaemonSet write guarded by generation, status
@@ -138,11 +140,26 @@ pub struct MDaemonSet {
     pub revisions: BTreeMap<String, i64>,
 }
 
+/// A probe pod of the probe gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MProbe {
+    pub uid: String,
+    pub node: String,
+    /// Pending, Running, Succeeded or Failed.
+    pub phase: String,
+    /// Pending because the node advertises no device.
+    pub unschedulable: bool,
+    /// Seconds since it was scheduled.
+    pub running_for: i64,
+}
+
 /// The cluster as it is (and, lagging, as the caches show it).
 #[derive(Debug, Clone)]
 pub struct Cluster {
     pub nodes: BTreeMap<String, MNode>,
     pub pods: BTreeMap<String, MPod>,
+    /// Probe pods by name.
+    pub probes: BTreeMap<String, MProbe>,
     pub ds: MDaemonSet,
     /// The revision the last-good backup holds.
     pub backup: Option<String>,
@@ -199,6 +216,9 @@ pub struct Model {
     /// last pass that deleted pods decided with: a percentage shrinks when
     /// nodes go NotReady, which the operator cannot undo.
     budget_at_last_delete: usize,
+    /// Per probe pod: passes in a row it existed while its probe was not
+    /// pending in the current stage (it should be deleted).
+    pub probe_orphaned: BTreeMap<String, usize>,
 }
 
 impl Model {
@@ -215,6 +235,7 @@ impl Model {
             cluster: Cluster {
                 nodes: BTreeMap::new(),
                 pods: BTreeMap::new(),
+                probes: BTreeMap::new(),
                 ds: MDaemonSet {
                     generation: 1,
                     observed_generation: 1,
@@ -241,6 +262,7 @@ impl Model {
             violations: Vec::new(),
             trace: Vec::new(),
             budget_at_last_delete: 0,
+            probe_orphaned: BTreeMap::new(),
         };
         for i in 0..nodes {
             m.add_node(&format!("node-{i:02}"), i);
@@ -260,6 +282,20 @@ impl Model {
         m.advertise();
         m.history.push(m.cluster.clone());
         m
+    }
+
+    /// Adds a probe gate (one device of the model's resource, 10 s timeout)
+    /// probing `sample` nodes of each later stage.
+    pub fn add_probe_gate(&mut self, sample: i32) {
+        let gates = self.spec.gates.get_or_insert_with(Default::default);
+        gates.probe = Some(saferollout_api::ProbeGate {
+            template: serde_json::json!({"spec": {"containers": [{"name": "probe", "image": "probe:v1"}]}}),
+            resource: Some(RESOURCE.into()),
+            device_class_name: None,
+            sample: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(sample)),
+            delay: "1s".into(),
+            timeout: "10s".into(),
+        });
     }
 
     pub fn add_node(&mut self, name: &str, i: usize) {
@@ -424,6 +460,7 @@ impl Model {
             }
         }
         self.advertise();
+        self.run_probes();
         // A node that stops being covered (NotReady, tainted, gone) leaves the
         // budget: the DaemonSet controller does not count it either, and its
         // agent comes back when the node does, outside the operator's hands.
@@ -445,6 +482,46 @@ impl Model {
                 *s = s.saturating_sub(1);
             }
         }
+    }
+
+    /// The scheduler and kubelet of probe pods: a probe is scheduled once its
+    /// node advertises a device (else it stays Pending, unschedulable), runs
+    /// a second, and succeeds if the node still advertises one.
+    fn run_probes(&mut self) {
+        let nodes = self.cluster.nodes.clone();
+        let devices = |node: &str| {
+            nodes
+                .get(node)
+                .and_then(|n| n.allocatable.get(RESOURCE))
+                .and_then(saferollout_api::quantity_count)
+                .unwrap_or(0)
+        };
+        for p in self.cluster.probes.values_mut() {
+            match p.phase.as_str() {
+                "Pending" => {
+                    p.unschedulable = devices(&p.node) < 1;
+                    if !p.unschedulable {
+                        p.phase = "Running".into();
+                    }
+                }
+                "Running" => {
+                    p.running_for += 1;
+                    if p.running_for >= 1 {
+                        p.phase = if devices(&p.node) >= 1 {
+                            "Succeeded"
+                        } else {
+                            "Failed"
+                        }
+                        .into();
+                    }
+                }
+                _ => {}
+            }
+        }
+        // A deleted node takes its probes with it.
+        self.cluster
+            .probes
+            .retain(|_, p| nodes.contains_key(&p.node));
     }
 
     /// Device plugins: allocatable follows the Ready agent's release.
@@ -596,6 +673,32 @@ impl Model {
             hash,
             in_place: spec_revision.as_deref() == Some(ds_c.ds.template.as_str()),
         });
+        let proof = crate::gates::proof::ProofEvidence {
+            probe_pods: pods_c
+                .probes
+                .iter()
+                .map(|(name, p)| crate::gates::proof::ProbePod {
+                    name: name.clone(),
+                    uid: p.uid.clone(),
+                    node: p.node.clone(),
+                    phase: p.phase.clone(),
+                    unschedulable: p.unschedulable.then(|| {
+                        (
+                            "Unschedulable".to_string(),
+                            format!("0/1 nodes are available: 1 Insufficient {RESOURCE}"),
+                        )
+                    }),
+                    exit_code: match p.phase.as_str() {
+                        "Succeeded" => Some(0),
+                        "Failed" => Some(1),
+                        _ => None,
+                    },
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let evidence = crate::gates::Evidence::default().with_proof(&proof);
         let o = Observed {
             spec: &self.spec,
             generation: Some(1),
@@ -613,7 +716,7 @@ impl Model {
             pods: &pods,
             nodes: &node_views,
             rollout_id: ROLLOUT_ID,
-            evidence: &crate::gates::Evidence::default(),
+            evidence: &evidence,
             now: self.now,
         };
         decide(&o)
@@ -725,6 +828,34 @@ impl Model {
                     .push(format!("a probe action without a probe gate: {action:?}"));
             }
             Action::Event { .. } => {}
+            Action::CreateProbePods { probes } => {
+                for p in probes {
+                    if self.cluster.probes.contains_key(&p.name)
+                        || !self.cluster.nodes.contains_key(&p.node)
+                    {
+                        continue; // AlreadyExists, or the node is gone
+                    }
+                    self.counter += 1;
+                    self.cluster.probes.insert(
+                        p.name.clone(),
+                        MProbe {
+                            uid: format!("probe-uid-{}", self.counter),
+                            node: p.node.clone(),
+                            phase: "Pending".into(),
+                            unschedulable: false,
+                            running_for: 0,
+                        },
+                    );
+                }
+            }
+            Action::DeleteProbePods { pods } => {
+                for (name, uid) in pods {
+                    // The UID is a precondition of the delete.
+                    if self.cluster.probes.get(name).is_some_and(|p| &p.uid == uid) {
+                        self.cluster.probes.remove(name);
+                    }
+                }
+            }
         }
     }
 
@@ -878,11 +1009,50 @@ impl Model {
                     ));
                 }
             }
+            // With a probe gate: every probe of the stages passed, and every
+            // canary node was probed.
+            if self.spec.probe_gate().is_some() {
+                for x in new.stages.iter().filter(|x| x.index <= s.index) {
+                    for r in &x.probes {
+                        if r.status != saferollout_api::GateStatus::Passed {
+                            self.violations.push(format!(
+                                "stage {} passed with the probe of node {} {:?}",
+                                s.index, r.node, r.status
+                            ));
+                        }
+                    }
+                }
+                if let Some(canary) = new.stages.iter().find(|x| x.index == 0) {
+                    for n in &canary.nodes {
+                        if !canary.probes.iter().any(|r| &r.node == n) {
+                            self.violations.push(format!(
+                                "stage {} passed with canary {n} not probed",
+                                s.index
+                            ));
+                        }
+                    }
+                }
+            }
         }
     }
 
     /// Rules on the cluster after each pass.
     fn check_cluster(&mut self) {
+        // A probe pod outlives its stage only until the caches show it.
+        let alive = crate::gates::probe::alive(&self.status);
+        let mut orphaned = BTreeMap::new();
+        for name in self.cluster.probes.keys() {
+            if !alive.contains(name) {
+                let passes = self.probe_orphaned.get(name).copied().unwrap_or(0) + 1;
+                if passes > 15 {
+                    self.violations.push(format!(
+                        "probe pod {name} outlived its stage for {passes} passes"
+                    ));
+                }
+                orphaned.insert(name.clone(), passes);
+            }
+        }
+        self.probe_orphaned = orphaned;
         let exempt = self.exempt_nodes();
         let counted: Vec<&String> = self
             .disrupted
@@ -975,12 +1145,13 @@ impl Model {
             .map(|n| (&n.name, &n.labels, n.ready))
             .collect();
         format!(
-            "{:?}{:?}{:?}{:?}{:?}",
+            "{:?}{:?}{:?}{:?}{:?}{:?}",
             c.ds.template,
             c.ds.observed_generation,
             c.ds.revisions,
             pods,
-            (nodes, &c.backup)
+            (nodes, &c.backup),
+            c.probes
         )
     }
 

@@ -15,6 +15,9 @@
 //!   progresses: while the DaemonSet carries it no pod is replaced, no
 //!   template written, no label changed; Quarantine keeps the budget (the
 //!   failed nodes are not exempt from it, since nothing reverts them).
+//! - with a probe gate: no stage passes unless every probe it made passed
+//!   and every canary node was probed; a probe pod is deleted once its stage
+//!   is over (within the passes the caches need to show it).
 //!
 //! And at the end, once the faults stop and caches catch up: the rollout is
 //! Succeeded or Degraded, and every node the DaemonSet covers runs one Ready
@@ -65,6 +68,8 @@ struct Scenario {
     release: Release,
     gitops: bool,
     on_failure: OnFailure,
+    /// A probe gate, sampling this many of each later stage's nodes.
+    probe: Option<i32>,
     steps: Vec<Step>,
 }
 
@@ -133,6 +138,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             1 => Just(OnFailure::Quarantine),
             1 => Just(OnFailure::Halt),
         ],
+        prop::option::of(1i32..4),
         prop::collection::vec(step(), 20..250),
     )
         .prop_map(
@@ -144,6 +150,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 release,
                 gitops,
                 on_failure,
+                probe,
                 steps,
             )| {
                 Scenario {
@@ -154,6 +161,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     release,
                     gitops,
                     on_failure,
+                    probe,
                     steps,
                 }
             },
@@ -178,6 +186,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
             })
             .collect()
     });
+    if let Some(sample) = s.probe {
+        m.add_probe_gate(sample);
+    }
     // Start from a settled rollout of the first template.
     let first = if s.gitops {
         m.spec_hash = Some("g1".into());
@@ -361,6 +372,11 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.status
     );
     prop_assert!(m.labelled().is_empty(), "labels left: {:?}", m.labelled());
+    prop_assert!(
+        m.cluster.probes.is_empty(),
+        "probe pods left: {:?}",
+        m.cluster.probes
+    );
     Ok(())
 }
 

@@ -918,6 +918,37 @@ fn halt_changes_nothing_more() {
     no_violations(&m);
 }
 
+/// The model with only podsReady and the probe gate (no allocatable gate).
+fn settled_with_probe_only(nodes: usize) -> Model {
+    let mut m = Model::new(nodes);
+    m.spec.gates = None;
+    m.add_probe_gate(1);
+    m.run(60);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    m
+}
+
+#[test]
+fn a_broken_release_is_caught_by_the_probe_alone_and_no_probe_outlives_its_stage() {
+    let mut m = settled_with_probe_only(6);
+    m.spec.stages = Some(stages(&[("1", false), ("100%", false)]));
+    m.write_revision("v2", Release::Broken);
+    m.run(300);
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert_eq!(degraded_reason(&m).as_deref(), Some("ProbeFailed"));
+    let canary = &m.status.stages[0];
+    assert_eq!(canary.probes.len(), 1);
+    assert_eq!(canary.probes[0].reason, "Unschedulable");
+    assert!(
+        canary.probes[0].message.contains("Insufficient"),
+        "{}",
+        canary.probes[0].message
+    );
+    assert_eq!(m.touched["v2"].len(), 1, "only the canary got v2");
+    assert!(m.cluster.probes.is_empty(), "{:?}", m.cluster.probes);
+    no_violations(&m);
+}
+
 #[test]
 fn quarantine_at_a_later_stage_keeps_the_budget() {
     use saferollout_api::OnFailure;
@@ -945,5 +976,27 @@ fn quarantine_at_a_later_stage_keeps_the_budget() {
     // Nodes that got the release keep it; no revert happened.
     assert!(m.pods_on("v2") >= 2, "{}", m.pods_on("v2"));
     assert!(!m.actions_log.contains(&Action::RestoreLastGood));
+    no_violations(&m);
+}
+
+#[test]
+fn a_healthy_release_passes_its_probes_one_per_canary_node_and_a_sample_later() {
+    let mut m = settled_with_probe_only(6);
+    m.spec.stages = Some(stages(&[("2", false), ("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    m.run(300);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    let created = m
+        .actions_log
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateProbePods { probes } => Some(probes.len()),
+            _ => None,
+        })
+        .sum::<usize>();
+    // Canary: both nodes; the second stage's 4 nodes: a sample of 1.
+    assert_eq!(created, 3, "{:?}", m.actions_log);
+    assert!(m.cluster.probes.is_empty(), "{:?}", m.cluster.probes);
     no_violations(&m);
 }

@@ -102,6 +102,8 @@ pub struct Caches {
     pub daemonsets: NsStores<DaemonSet>,
     pub pods: NsStores<Pod>,
     pub revisions: NsStores<ControllerRevision>,
+    /// The operator's own probe pods (label `saferollout.dev/probe-revision`).
+    pub probe_pods: NsStores<Pod>,
     pub nodes: Store<Node>,
     /// Parsed templates of the ControllerRevisions (forgotten when one goes).
     pub templates: super::snapshot::TemplateCache,
@@ -116,6 +118,20 @@ impl Caches {
     /// Every SafeRollout of `namespace`.
     pub fn rollouts_in(&self, namespace: &str) -> Vec<Arc<SafeRollout>> {
         self.rollouts.in_namespace(namespace)
+    }
+
+    /// The probe pods of the rollout `rollout_id` in `namespace`.
+    pub fn probe_pods_of(&self, namespace: &str, rollout_id: &str) -> Vec<Arc<Pod>> {
+        self.probe_pods
+            .in_namespace(namespace)
+            .into_iter()
+            .filter(|p| {
+                p.labels()
+                    .get(saferollout_api::ROLLOUT_LABEL)
+                    .map(String::as_str)
+                    == Some(rollout_id)
+            })
+            .collect()
     }
 
     /// Every SafeRollout.
@@ -148,6 +164,9 @@ async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>
         let _ = s.wait_until_ready().await;
     }
     for s in caches.revisions.stores() {
+        let _ = s.wait_until_ready().await;
+    }
+    for s in caches.probe_pods.stores() {
         let _ = s.wait_until_ready().await;
     }
     let _ = caches.nodes.wait_until_ready().await;
@@ -193,6 +212,42 @@ mod prune {
                 c.image_id.clear();
                 c.container_id = None;
                 c.last_state = None;
+            }
+        }
+    }
+
+    /// Probe pods: what the probe gate reads (phase, scheduling, the first
+    /// container's state), never the environment.
+    pub fn probe_pod(p: &mut Pod) {
+        meta(&mut p.metadata);
+        p.metadata.annotations = None;
+        if let Some(spec) = p.spec.take() {
+            p.spec = Some(PodSpec {
+                node_name: spec.node_name,
+                containers: spec
+                    .containers
+                    .into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        if let Some(st) = p.status.as_mut() {
+            st.conditions
+                .get_or_insert_default()
+                .retain(|c| c.type_ == "PodScheduled");
+            st.host_ip = None;
+            st.host_ips = None;
+            st.pod_ip = None;
+            st.pod_ips = None;
+            for c in st.container_statuses.iter_mut().flatten() {
+                c.image_id.clear();
+                c.container_id = None;
+                c.last_state = None;
+                c.allocated_resources_status = None;
             }
         }
     }
@@ -249,6 +304,7 @@ pub fn start(
         daemonsets: ns_stores(),
         pods: ns_stores(),
         revisions: ns_stores(),
+        probe_pods: ns_stores(),
         nodes,
         devices,
     };
@@ -269,6 +325,9 @@ pub fn start(
         writers
             .revisions
             .push((*ns, add_store(&mut caches.revisions, *ns)));
+        writers
+            .probe_pods
+            .push((*ns, add_store(&mut caches.probe_pods, *ns)));
     }
     let caches = Arc::new(caches);
     tokio::spawn(report_synced(caches.clone(), synced_tx));
@@ -322,6 +381,17 @@ pub fn start(
         );
     }
     super::devices::spawn(client, &caches, device_writers, metrics, triggers);
+    for (ns, w) in writers.probe_pods {
+        let r = route.clone();
+        reflect(
+            api(client, ns),
+            watcher::Config::default().labels(saferollout_api::PROBE_REVISION_LABEL),
+            w,
+            metrics,
+            prune::probe_pod,
+            move |ev| r.probe_pod_event(ev),
+        );
+    }
     let r = route.clone();
     let mut fingerprints: HashMap<String, u64> = HashMap::new();
     reflect(
@@ -344,6 +414,7 @@ struct Writers<'a> {
         Option<&'a str>,
         reflector::store::Writer<ControllerRevision>,
     )>,
+    probe_pods: Vec<(Option<&'a str>, reflector::store::Writer<Pod>)>,
 }
 
 fn ns_stores<K: Resource + 'static>() -> NsStores<K>
@@ -490,6 +561,24 @@ impl Router {
             Event::Apply(p) | Event::Delete(p) => {
                 if let Some(owner) = p.owner_references().iter().find(|o| o.kind == "DaemonSet") {
                     self.targeting(p.namespace().as_deref(), &owner.name);
+                }
+            }
+            Event::InitDone => self.all_in(None),
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    /// A probe pod changed: its owner judges it.
+    fn probe_pod_event(&self, ev: &Event<Pod>) {
+        match ev {
+            Event::Apply(p) | Event::Delete(p) => {
+                if let (Some(ns), Some(owner)) = (
+                    p.namespace(),
+                    p.owner_references()
+                        .iter()
+                        .find(|o| o.kind == "SafeRollout"),
+                ) {
+                    self.triggers.send(ObjectRef::new(&owner.name).within(&ns));
                 }
             }
             Event::InitDone => self.all_in(None),

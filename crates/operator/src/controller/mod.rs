@@ -15,6 +15,7 @@ pub mod caches;
 pub mod device_writes;
 pub mod devices;
 pub mod error;
+pub mod proof;
 pub mod snapshot;
 pub mod writes;
 
@@ -57,6 +58,8 @@ pub struct RolloutMemory {
     /// DaemonSet (uid, generation) and spec.template hash a dry run was made
     /// for, and its answer.
     pub in_place: Option<((String, i64, String), bool)>,
+    /// What the probe, logs and prometheus gates read last.
+    pub proof: proof::Memory,
 }
 
 pub struct Context {
@@ -220,9 +223,10 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         Err(msg) => return report_invalid_template(sr, ctx, key, &status, msg, now).await,
     };
     let preflight = run_preflight(sr, ctx, &world, &status).await;
+    let proof = proof::gather(sr, ctx, key, &status, &world, now).await;
     let id = ctx.rollout_id(key);
     let device_evidence = world.devices.evidence();
-    let mut evidence = saferollout_core::gates::Evidence::default();
+    let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&proof);
     evidence.devices = Some(&device_evidence);
     let (decision, nodes) = ctx.memory(key, |m| {
         snapshot::decide(

@@ -87,6 +87,11 @@ impl World {
         current_revision(&ds.spec.template, &self.revision_views())
     }
 
+    /// The DaemonSet's agent pods, as cached.
+    pub fn pods(&self) -> &[Arc<Pod>] {
+        &self.pods
+    }
+
     /// Views of the DaemonSet's agent pods.
     pub fn agent_pods(&self) -> impl Iterator<Item = AgentPod<'_>> {
         self.pods.iter().filter_map(|p| AgentPod::of(p))

@@ -199,6 +199,14 @@ pub async fn perform(
             event(sr, ctx, *warning, reason, message).await;
             Ok(None)
         }
+        Action::CreateProbePods { probes } => {
+            super::proof::create_probes(sr, ctx, key, world, probes)
+                .await
+                .map(|_| None)
+        }
+        Action::DeleteProbePods { pods } => super::proof::delete_probes(ctx, key, pods)
+            .await
+            .map(|_| None),
     }
 }
 

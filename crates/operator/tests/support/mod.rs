@@ -506,3 +506,112 @@ pub fn sample_pods(
     });
     (samples, task)
 }
+
+/// Prometheus (tests/tools/build-bins) on 127.0.0.1, stopped when dropped.
+/// Its scrape targets are static loopback addresses only.
+pub struct Prometheus {
+    child: Child,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    /// Starts Prometheus with a 1 s scrape and evaluation interval and
+    /// `config` (rule files, scrape configs) after the global section.
+    pub fn start(name: &str, config: &str) -> anyhow::Result<Self> {
+        Self::start_with_args(name, config, &[])
+    }
+
+    /// [`Prometheus::start`] with more command-line arguments (e.g.
+    /// `--web.config.file` for TLS).
+    pub fn start_with_args(name: &str, config: &str, args: &[String]) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "saferollout-prometheus-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let config = format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{config}");
+        std::fs::write(dir.join("prometheus.yml"), config)?;
+        let port = free_loopback_port()?;
+        let log = std::fs::File::create(dir.join("prometheus.log"))?;
+        let child = Command::new(tool("prometheus"))
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args(args)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()?;
+        eprintln!(
+            "prometheus on 127.0.0.1:{port} logs to {}",
+            dir.join("prometheus.log").display()
+        );
+        Ok(Prometheus { child, port, dir })
+    }
+
+    /// `data` of a successful Prometheus API answer.
+    pub fn api(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        let (code, body) = http_get(self.port, path)?;
+        anyhow::ensure!(code == 200, "GET {path}: {code} {body}");
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        anyhow::ensure!(v["status"] == "success", "GET {path}: {body}");
+        Ok(v["data"].clone())
+    }
+
+    /// The alerts in state `firing` named `name`.
+    pub fn firing(&self, name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let data = self.api("/api/v1/alerts")?;
+        Ok(data["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
+            .cloned()
+            .collect())
+    }
+
+    /// Waits until Prometheus is ready and every target is up, checking that
+    /// each target is on loopback.
+    pub async fn wait_targets_up(&self, targets: usize) -> anyhow::Result<()> {
+        poll("Prometheus ready", TIMEOUT, || {
+            Ok(http_get(self.port, "/-/ready")
+                .ok()
+                .filter(|(code, _)| *code == 200))
+        })
+        .await?;
+        poll("Prometheus targets up", TIMEOUT, || {
+            let data = self.api("/api/v1/targets")?;
+            let active = data["activeTargets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for t in &active {
+                let url = t["scrapeUrl"].as_str().unwrap_or_default();
+                anyhow::ensure!(
+                    url.starts_with("http://127.0.0.1:"),
+                    "a target that is not on loopback: {url}"
+                );
+            }
+            Ok(
+                (active.len() == targets && active.iter().all(|t| t["health"] == "up"))
+                    .then_some(()),
+            )
+        })
+        .await
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(self.dir.join("data"));
+    }
+}

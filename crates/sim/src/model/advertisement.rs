@@ -327,7 +327,10 @@ mod tests {
     fn counts_parse_leniently() {
         assert_eq!(parse_count("8"), 8);
         assert_eq!(parse_count(" 3 "), 3);
+        // Quantities in any notation (the doc above): 1k is 1000.
         assert_eq!(parse_count("1k"), 1000);
+        assert_eq!(parse_count("2Ki"), 2048);
+        assert_eq!(parse_count("500m"), 0);
         assert_eq!(parse_count(""), 0);
         assert_eq!(parse_count("eight"), 0);
     }
