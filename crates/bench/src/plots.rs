@@ -53,7 +53,28 @@ fn log_range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> 
         lo = lo.min(v);
         hi = hi.max(v);
     }
-    (lo <= hi).then(|| lo / 1.6..hi * 1.6)
+    if lo > hi {
+        return None;
+    }
+    // At least a decade, so a log axis always has labelled ticks.
+    let (lo, hi) = (lo / 1.6, hi * 1.6);
+    if hi / lo >= 10.0 {
+        return Some(lo..hi);
+    }
+    let widen = (10.0 / (hi / lo)).sqrt();
+    Some(lo / widen..hi * widen)
+}
+
+/// Tick labels of a log axis at 1, 2 and 5 times a power of ten only (the
+/// others crowd each other).
+fn log_label(v: &f64) -> String {
+    let exp = v.log10().floor();
+    let lead = v / 10f64.powf(exp);
+    if [1.0, 2.0, 5.0].iter().any(|d| (lead - d).abs() < 0.05) {
+        format!("{v:.0}")
+    } else {
+        String::new()
+    }
 }
 
 const COLORS: [RGBColor; 6] = [
@@ -112,8 +133,8 @@ fn rollout_time(path: &Path, r: &Results) -> anyhow::Result<bool> {
         .y_desc("seconds (template write to done)")
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.0}"))
+        .x_label_formatter(&log_label)
+        .y_label_formatter(&log_label)
         .draw()?;
     for (i, (label, mut pts)) in series.into_iter().enumerate() {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -176,7 +197,7 @@ fn reaction(path: &Path, r: &Results) -> anyhow::Result<bool> {
             .y_desc("share of trials")
             .label_style(("sans-serif", 14))
             .axis_desc_style(("sans-serif", 16))
-            .x_label_formatter(&|x| format!("{x:.0}"))
+            .x_label_formatter(&log_label)
             .draw()?;
         for (i, f) in s.reaction.iter().filter(|f| f.revert.is_some()).enumerate() {
             let mut v: Vec<f64> = f.trials.iter().filter_map(|t| t.revert_ms).collect();
@@ -199,14 +220,23 @@ fn reaction(path: &Path, r: &Results) -> anyhow::Result<bool> {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
                 });
         }
-        for (target, label) in [(100.0, "target p50 100 ms"), (500.0, "target p99 500 ms")] {
+        for (target, share, label) in [
+            (100.0, 0.5, "target: p50 <= 100 ms"),
+            (500.0, 0.99, "target: p99 <= 500 ms"),
+        ] {
+            let grey = RGBColor(90, 90, 90);
             chart
-                .draw_series(LineSeries::new(
-                    vec![(target, 0.0), (target, 1.0)],
-                    BLACK.mix(0.4).stroke_width(1),
+                .draw_series(DashedLineSeries::new(
+                    vec![(target, 0.0), (target, share)],
+                    8,
+                    5,
+                    grey.stroke_width(2),
                 ))?
                 .label(label)
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(2))
+                });
+            chart.draw_series([Circle::new((target, share), 5, grey.filled())])?;
         }
         chart
             .configure_series_labels()
@@ -268,7 +298,7 @@ fn operator_rss(path: &Path, r: &Results) -> anyhow::Result<bool> {
         .y_desc("MiB")
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&log_label)
         .draw()?;
     for (i, (label, mut pts)) in series.into_iter().enumerate() {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -118,9 +118,10 @@ pub struct FaultResult {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Trial {
     pub index: usize,
-    /// Soak subtracted from the times below.
+    /// The canary's stage passed the faulty release (the failure came at the
+    /// next stage): no reaction time.
     #[serde(default)]
-    pub soak_ms: f64,
+    pub false_pass: bool,
     pub revert_ms: Option<f64>,
     pub status_ms: Option<f64>,
     /// Resource versions of the failing event and of the revert write.
