@@ -268,42 +268,62 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     );
 
     let template_value = spec_template.as_ref().map(|(v, _, _)| v);
-    for action in &decision.actions {
-        match writes::perform(sr, ctx, key, &world, template_value, action).await {
-            Ok(written) => {
-                if let (Action::RestoreLastGood, Some(r)) = (action, &changes.rollback)
-                    && let Some(since) = r.failing_since
-                {
-                    let latency = Timestamp::now().duration_since(since);
-                    ctx.metrics
-                        .revert_latency
-                        .observe(latency.as_secs_f64().max(0.0));
-                }
-                if let (Action::ApplySpecTemplate, Some(g)) = (action, written) {
-                    // The generation our write produced: our template, not someone's edit.
-                    let mut recorded = new_status.clone();
-                    if let Some(a) = recorded.applied_template.as_mut() {
-                        a.generation = Some(g);
+    // Events last: they are best effort, and a revert's template restore or a
+    // stage's first deletions must not wait for an Event's round trip. They
+    // are still published when an action fails.
+    let (events, others): (Vec<&Action>, Vec<&Action>) = decision
+        .actions
+        .iter()
+        .partition(|a| matches!(a, Action::Event { .. }));
+    let outcome: Result<Option<Requeue>> = async {
+        for action in others {
+            match writes::perform(sr, ctx, key, &world, template_value, action).await {
+                Ok(written) => {
+                    if let (Action::RestoreLastGood, Some(r)) = (action, &changes.rollback)
+                        && let Some(since) = r.failing_since
+                    {
+                        let latency = Timestamp::now().duration_since(since);
+                        ctx.metrics
+                            .revert_latency
+                            .observe(latency.as_secs_f64().max(0.0));
                     }
-                    writes::status(sr, ctx, key, &new_status, &recorded).await?;
-                    new_status = recorded;
+                    if let (Action::ApplySpecTemplate, Some(g)) = (action, written) {
+                        // The generation our write produced: our template, not someone's edit.
+                        let mut recorded = new_status.clone();
+                        if let Some(a) = recorded.applied_template.as_mut() {
+                            a.generation = Some(g);
+                        }
+                        writes::status(sr, ctx, key, &new_status, &recorded).await?;
+                        new_status = recorded;
+                    }
                 }
+                Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
+                    return Err(Error::StaleDaemonSet);
+                }
+                // The API server refused the template: a condition, not a retry loop.
+                Err(Error::Kube(kube::Error::Api(s)))
+                    if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
+                {
+                    let msg = format!(
+                        "the API server rejected spec.template for DaemonSet {}: {}",
+                        sr.spec.target_ref.name, s.message
+                    );
+                    return report_invalid_template(sr, ctx, key, &new_status, msg, now)
+                        .await
+                        .map(Some);
+                }
+                Err(e) => return Err(e),
             }
-            Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
-                return Err(Error::StaleDaemonSet);
-            }
-            // The API server refused the template: a condition, not a retry loop.
-            Err(Error::Kube(kube::Error::Api(s)))
-                if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
-            {
-                let msg = format!(
-                    "the API server rejected spec.template for DaemonSet {}: {}",
-                    sr.spec.target_ref.name, s.message
-                );
-                return report_invalid_template(sr, ctx, key, &new_status, msg, now).await;
-            }
-            Err(e) => return Err(e),
         }
+        Ok(None)
+    }
+    .await;
+    for action in events {
+        // Never fails but for a closed fence, which the next pass reports.
+        let _ = writes::perform(sr, ctx, key, &world, template_value, action).await;
+    }
+    if let Some(requeue) = outcome? {
+        return Ok(requeue);
     }
     Ok(match decision.requeue_after {
         Some(d) => Requeue::requeue(d),
