@@ -1,8 +1,9 @@
 //! Many SafeRollouts at once: `count` DaemonSets in as many namespaces, each
 //! on its own pool of nodes (a node label), each with a SafeRollout (the
-//! default stages, maxUnavailable 1, allocatable gate without soak); the
-//! operator starts with all of them present, adopts them, then every template
-//! changes at once.
+//! default stages, maxUnavailable 1, allocatable gate with a 5 s soak: with
+//! fifty rollouts at once the fixture's allocatable lags its pods' Ready and a
+//! gate without soak falsely reverts healthy releases); the operator starts
+//! with all of them present, adopts them, then every template changes at once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -68,7 +69,7 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
             "targetRef": {"name": "agent"},
             "maxUnavailable": 1,
             "progressDeadline": "30m",
-            "gates": {"allocatable": [{"resource": RESOURCE, "soak": "0s"}]}
+            "gates": {"allocatable": [{"resource": RESOURCE, "soak": "5s"}]}
         });
         k8s::create_rollout(&ctx.client, &ns(i), "agent", spec).await?;
     }
@@ -102,12 +103,16 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         .try_collect::<Vec<_>>()
         .await?;
     for (i, old) in stable.iter().enumerate() {
-        k8s::wait_rollout(&ctx.client, &ns(i), "agent", slow, |st| {
-            st.phase == Some(saferollout_api::Phase::Succeeded)
+        let st = k8s::wait_rollout(&ctx.client, &ns(i), "agent", slow, |st| {
+            (st.phase == Some(saferollout_api::Phase::Succeeded)
                 && st.stable_revision.is_some()
-                && st.stable_revision != *old
+                && st.stable_revision != *old)
+                || !st.blocked_revisions.is_empty()
         })
         .await?;
+        if let Some(b) = st.blocked_revisions.first() {
+            anyhow::bail!("a false revert in {}: {}", ns(i), b.message);
+        }
     }
     let rollout_secs = secs(t0, Timestamp::now());
     eprintln!("bench:   {count} rolled out in {rollout_secs:.1}s");

@@ -46,6 +46,31 @@ pub async fn setup(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// After a failed run: no SafeRollout left on the DaemonSet (the operator
+/// gives it back), then every node on one template and advertising again.
+pub async fn recover(ctx: &Ctx) -> anyhow::Result<()> {
+    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), NS);
+    let left = api.list(&Default::default()).await?;
+    if !left.items.is_empty() {
+        let op = ctx.start_operator("recover")?;
+        for sr in &left.items {
+            let name = sr.metadata.name.clone().unwrap_or_default();
+            k8s::delete_rollout(&ctx.client, NS, &name, Duration::from_secs(300)).await?;
+        }
+        op.stop()?;
+    }
+    let image = ctx.image("");
+    timed_update(
+        ctx,
+        k8s::plugin_template(RESOURCE, &image),
+        Some(k8s::rolling_update("10%")),
+        None,
+        rollout_timeout(ctx, "10%"),
+    )
+    .await?;
+    k8s::wait_nodes_advertise(&ctx.client, RESOURCE, ctx.nodes, Duration::from_secs(300)).await
+}
+
 /// A SafeRollout spec for the benchmark DaemonSet.
 pub fn rollout_spec(
     stages: &[&str],
