@@ -18,6 +18,7 @@
 //! - [`transitions`]: what changed between two statuses (for metrics).
 
 pub mod conditions;
+pub mod durability;
 pub mod eligibility;
 pub mod expectations;
 pub mod gates;

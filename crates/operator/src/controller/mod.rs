@@ -252,20 +252,37 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         });
     }
 
-    // Status first: the plan and baselines are durable before any node is touched.
-    writes::status(sr, ctx, key, &status, &new_status).await?;
-    let changes = transitions::between(&status, &new_status);
-    ctx.metrics.record_transitions(&key.0, &key.1, &changes);
-    ctx.metrics.observe_status(
-        &key.0,
-        &key.1,
-        &new_status,
-        sr.spec.effective_stages().len(),
-        sr.spec
-            .progress_deadline_duration()
-            .unwrap_or(Duration::from_secs(600)),
-        nodes,
-    );
+    // Status first: the plan and baselines are durable before any node is
+    // touched. A pass that only deletes the next pods of a written plan writes
+    // its status (progress, gate messages) alongside the deletions instead
+    // (see saferollout_core::durability).
+    let trails = sr.status.is_some()
+        && saferollout_core::durability::status_may_trail(&status, &new_status, &decision.actions);
+    let to_write = new_status.clone();
+    let status_write = writes::status(sr, ctx, key, &status, &to_write);
+    let record = |new_status: &SafeRolloutStatus| {
+        let changes = transitions::between(&status, new_status);
+        ctx.metrics.record_transitions(&key.0, &key.1, &changes);
+        ctx.metrics.observe_status(
+            &key.0,
+            &key.1,
+            new_status,
+            sr.spec.effective_stages().len(),
+            sr.spec
+                .progress_deadline_duration()
+                .unwrap_or(Duration::from_secs(600)),
+            nodes,
+        );
+        changes
+    };
+    let mut trailing = None;
+    let changes = if trails {
+        trailing = Some(status_write);
+        transitions::between(&status, &new_status)
+    } else {
+        status_write.await?;
+        record(&new_status)
+    };
 
     let template_value = spec_template.as_ref().map(|(v, _, _)| v);
     // Events last: they are best effort, and a revert's template restore or a
@@ -275,7 +292,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         .actions
         .iter()
         .partition(|a| matches!(a, Action::Event { .. }));
-    let outcome: Result<Option<Requeue>> = async {
+    let acting = async {
         for action in others {
             match writes::perform(sr, ctx, key, &world, template_value, action).await {
                 Ok(written) => {
@@ -315,9 +332,17 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
                 Err(e) => return Err(e),
             }
         }
-        Ok(None)
-    }
-    .await;
+        Ok::<_, Error>(None)
+    };
+    let outcome = match trailing {
+        Some(status_write) => {
+            let (written, outcome) = tokio::join!(status_write, acting);
+            written?;
+            record(&to_write);
+            outcome
+        }
+        None => acting.await,
+    };
     for action in events {
         // Never fails but for a closed fence, which the next pass reports.
         let _ = writes::perform(sr, ctx, key, &world, template_value, action).await;
