@@ -291,6 +291,11 @@ async fn run_size(
             eprintln!("bench: kept the cluster's logs in {}", kept.display());
         }
     }
+    // The operator's requests, for a closer look (not part of the report).
+    let _ = std::fs::copy(
+        cluster.audit_log(),
+        log_dir.join(format!("audit-{nodes}.log")),
+    );
     if !keep {
         cluster.down()?;
     }

@@ -46,6 +46,16 @@ pub async fn setup(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The allocatable gate's soak in the rollout runs. Without soak it falsely
+/// reverts healthy releases here: a replaced plugin's node reads 0 devices
+/// for a moment after its new pod turns Ready (the fixture, like a kubelet,
+/// drops allocatable once no plugin runs and advertises again once the new
+/// one does), which a gate without soak takes for lost devices (seen at 100
+/// nodes, maxUnavailable 10%). Each stage's gate then passes only after
+/// holding for the soak, so the soak is subtracted once per stage.
+pub const OVERHEAD_SOAK: &str = "2s";
+const OVERHEAD_SOAK_SECS: f64 = 2.0;
+
 /// After a failed run: no SafeRollout left on the DaemonSet (the operator
 /// gives it back), then every node on one template and advertising again.
 pub async fn recover(ctx: &Ctx) -> anyhow::Result<()> {
@@ -261,6 +271,7 @@ pub async fn native(ctx: &Ctx, max_unavailable: &str) -> anyhow::Result<RolloutR
         stages: String::new(),
         daemonset_complete_secs: t.ds_secs,
         succeeded_secs: None,
+        soak_secs: 0.0,
         operator: None,
         stage_requests: Vec::new(),
     })
@@ -291,7 +302,7 @@ pub async fn saferollout(
         &ctx.client,
         NS,
         name,
-        rollout_spec(stages, max_unavailable, false, "0s"),
+        rollout_spec(stages, max_unavailable, false, OVERHEAD_SOAK),
     )
     .await?;
     let op = ctx.start_operator(&label)?;
@@ -336,6 +347,7 @@ pub async fn saferollout(
         stages: stages.join(","),
         daemonset_complete_secs: t.ds_secs,
         succeeded_secs: t.sr_secs,
+        soak_secs: OVERHEAD_SOAK_SECS * stages.len() as f64,
         operator: Some(operator),
         stage_requests,
     })

@@ -102,9 +102,9 @@ fn rollout_time(path: &Path, r: &Results) -> anyhow::Result<bool> {
                 s.nodes as f64,
                 native.daemonset_complete_secs,
             );
-            if let Some(t) = sr.succeeded_secs {
+            if let Some(t) = crate::report::net(sr) {
                 add(
-                    format!("saferollout (100% stage, no soak), maxUnavailable {k}"),
+                    format!("saferollout (100% stage, net of soak), maxUnavailable {k}"),
                     s.nodes as f64,
                     t,
                 );

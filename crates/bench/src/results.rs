@@ -66,6 +66,10 @@ pub struct RolloutRun {
     pub daemonset_complete_secs: f64,
     /// From the template write to the SafeRollout's Succeeded.
     pub succeeded_secs: Option<f64>,
+    /// The gates' soak by design over the whole rollout (each stage's gate
+    /// passes only after holding for it), subtracted for the ratio.
+    #[serde(default)]
+    pub soak_secs: f64,
     pub operator: Option<OperatorRun>,
     /// Per stage of a staged rollout: its new nodes and the operator's requests.
     pub stage_requests: Vec<StageRequests>,
