@@ -19,6 +19,7 @@
 
 pub mod conditions;
 pub mod devices;
+pub mod durability;
 pub mod eligibility;
 pub mod expectations;
 pub mod gates;

@@ -260,63 +260,108 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         });
     }
 
-    // Status first: the plan and baselines are durable before any node is touched.
-    writes::status(sr, ctx, key, &status, &new_status).await?;
+    // Status first: the plan and baselines are durable before any node is
+    // touched. A pass that only deletes the next pods of a written plan writes
+    // its status (progress, gate messages) alongside the deletions instead
+    // (see saferollout_core::durability).
     // The workload pods of the nodes this rollout now holds, for its device gates.
     ctx.caches
         .devices
         .node_pods
         .set_wants(key, devices::pods_wanted(sr, &new_status));
-    let changes = transitions::between(&status, &new_status);
-    ctx.metrics.record_transitions(&key.0, &key.1, &changes);
-    ctx.metrics.observe_status(
-        &key.0,
-        &key.1,
-        &new_status,
-        sr.spec.effective_stages().len(),
-        sr.spec
-            .progress_deadline_duration()
-            .unwrap_or(Duration::from_secs(600)),
-        nodes,
-    );
+    let trails = sr.status.is_some()
+        && saferollout_core::durability::status_may_trail(&status, &new_status, &decision.actions);
+    let to_write = new_status.clone();
+    let status_write = writes::status(sr, ctx, key, &status, &to_write);
+    let record = |new_status: &SafeRolloutStatus| {
+        let changes = transitions::between(&status, new_status);
+        ctx.metrics.record_transitions(&key.0, &key.1, &changes);
+        ctx.metrics.observe_status(
+            &key.0,
+            &key.1,
+            new_status,
+            sr.spec.effective_stages().len(),
+            sr.spec
+                .progress_deadline_duration()
+                .unwrap_or(Duration::from_secs(600)),
+            nodes,
+        );
+        changes
+    };
+    let mut trailing = None;
+    let changes = if trails {
+        trailing = Some(status_write);
+        transitions::between(&status, &new_status)
+    } else {
+        status_write.await?;
+        record(&new_status)
+    };
 
     let template_value = spec_template.as_ref().map(|(v, _, _)| v);
-    for action in &decision.actions {
-        match writes::perform(sr, ctx, key, &world, template_value, action).await {
-            Ok(written) => {
-                if let (Action::RestoreLastGood, Some(r)) = (action, &changes.rollback)
-                    && let Some(since) = r.failing_since
-                {
-                    let latency = Timestamp::now().duration_since(since);
-                    ctx.metrics
-                        .revert_latency
-                        .observe(latency.as_secs_f64().max(0.0));
-                }
-                if let (Action::ApplySpecTemplate, Some(g)) = (action, written) {
-                    // The generation our write produced: our template, not someone's edit.
-                    let mut recorded = new_status.clone();
-                    if let Some(a) = recorded.applied_template.as_mut() {
-                        a.generation = Some(g);
+    // Events last: they are best effort, and a revert's template restore or a
+    // stage's first deletions must not wait for an Event's round trip. They
+    // are still published when an action fails.
+    let (events, others): (Vec<&Action>, Vec<&Action>) = decision
+        .actions
+        .iter()
+        .partition(|a| matches!(a, Action::Event { .. }));
+    let acting = async {
+        for action in others {
+            match writes::perform(sr, ctx, key, &world, template_value, action).await {
+                Ok(written) => {
+                    if let (Action::RestoreLastGood, Some(r)) = (action, &changes.rollback)
+                        && let Some(since) = r.failing_since
+                    {
+                        let latency = Timestamp::now().duration_since(since);
+                        ctx.metrics
+                            .revert_latency
+                            .observe(latency.as_secs_f64().max(0.0));
                     }
-                    writes::status(sr, ctx, key, &new_status, &recorded).await?;
-                    new_status = recorded;
+                    if let (Action::ApplySpecTemplate, Some(g)) = (action, written) {
+                        // The generation our write produced: our template, not someone's edit.
+                        let mut recorded = new_status.clone();
+                        if let Some(a) = recorded.applied_template.as_mut() {
+                            a.generation = Some(g);
+                        }
+                        writes::status(sr, ctx, key, &new_status, &recorded).await?;
+                        new_status = recorded;
+                    }
                 }
+                Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
+                    return Err(Error::StaleDaemonSet);
+                }
+                // The API server refused the template: a condition, not a retry loop.
+                Err(Error::Kube(kube::Error::Api(s)))
+                    if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
+                {
+                    let msg = format!(
+                        "the API server rejected spec.template for DaemonSet {}: {}",
+                        sr.spec.target_ref.name, s.message
+                    );
+                    return report_invalid_template(sr, ctx, key, &new_status, msg, now)
+                        .await
+                        .map(Some);
+                }
+                Err(e) => return Err(e),
             }
-            Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
-                return Err(Error::StaleDaemonSet);
-            }
-            // The API server refused the template: a condition, not a retry loop.
-            Err(Error::Kube(kube::Error::Api(s)))
-                if s.code == 422 && matches!(action, Action::ApplySpecTemplate) =>
-            {
-                let msg = format!(
-                    "the API server rejected spec.template for DaemonSet {}: {}",
-                    sr.spec.target_ref.name, s.message
-                );
-                return report_invalid_template(sr, ctx, key, &new_status, msg, now).await;
-            }
-            Err(e) => return Err(e),
         }
+        Ok::<_, Error>(None)
+    };
+    let outcome = match trailing {
+        Some(status_write) => {
+            let (written, outcome) = tokio::join!(status_write, acting);
+            written?;
+            record(&to_write);
+            outcome
+        }
+        None => acting.await,
+    };
+    for action in events {
+        // Never fails but for a closed fence, which the next pass reports.
+        let _ = writes::perform(sr, ctx, key, &world, template_value, action).await;
+    }
+    if let Some(requeue) = outcome? {
+        return Ok(requeue);
     }
     Ok(match decision.requeue_after {
         Some(d) => Requeue::requeue(d),

@@ -16,6 +16,8 @@
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
+
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
@@ -42,6 +44,12 @@ use super::{Context, RolloutKey};
 pub fn is_failed_guard(s: &kube::core::Status) -> bool {
     s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
 }
+
+/// Node label patches and pod deletions of one action in flight at once: a
+/// stage of hundreds of nodes is labelled, and a batch of maxUnavailable pods
+/// deleted, in a few round trips instead of one per node (the DaemonSet
+/// controller deletes a batch in parallel too).
+const PARALLEL_WRITES: usize = 16;
 
 fn fenced(ctx: &Context) -> Result<()> {
     if ctx.fence.is_open() {
@@ -212,8 +220,13 @@ pub async fn perform(
 
 async fn patch_nodes(ctx: &Context, nodes: &[String], patch: serde_json::Value) -> Result<()> {
     let api: Api<Node> = Api::all(ctx.client.clone());
-    for n in nodes {
-        match api.patch(n, &patch_params(), &Patch::Merge(&patch)).await {
+    let patch = Patch::Merge(&patch);
+    let params = patch_params();
+    let mut writes = futures::stream::iter(nodes)
+        .map(|n| api.patch(n, &params, &patch))
+        .buffer_unordered(PARALLEL_WRITES);
+    while let Some(r) = writes.next().await {
+        match r {
             Err(kube::Error::Api(s)) if s.code == 404 => {} // gone; the next pass notices
             r => {
                 r?;
@@ -226,7 +239,7 @@ async fn patch_nodes(ctx: &Context, nodes: &[String], patch: serde_json::Value) 
 async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.0);
     let now = Timestamp::now();
-    for p in pods {
+    let delete = |p: &PodRef| {
         info!(ns = %key.0, pod = %p.name, node = %p.node, "replacing agent pod");
         // Remembered before the call: a delete that times out may still happen.
         ctx.memory(key, |m| m.expectations.pod_deleted(&p.uid, now));
@@ -237,7 +250,15 @@ async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result
             }),
             ..Default::default()
         };
-        match api.delete(&p.name, &params).await {
+        let api = api.clone();
+        let name = p.name.clone();
+        async move { api.delete(&name, &params).await }
+    };
+    let mut deletes = futures::stream::iter(pods)
+        .map(delete)
+        .buffer_unordered(PARALLEL_WRITES);
+    while let Some(r) = deletes.next().await {
+        match r {
             // Gone already, the name now belongs to a newer pod (UID), or the pod
             // changed since it was seen (resourceVersion): the next pass decides again.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}

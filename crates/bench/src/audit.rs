@@ -1,0 +1,181 @@
+//! The API server's audit log (bench/audit-policy.yaml logs only the
+//! operator's ServiceAccount): the operator's requests by verb and resource,
+//! counted on the server side.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use jiff::Timestamp;
+use serde::Deserialize;
+
+/// One request, as the API server logged it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub verb: String,
+    /// `resource` or `resource/subresource`.
+    pub resource: String,
+    pub received: Timestamp,
+    pub user: String,
+    pub code: Option<i32>,
+}
+
+impl Request {
+    /// `verb resource`, e.g. `patch saferollouts/status`.
+    pub fn key(&self) -> String {
+        format!("{} {}", self.verb, self.resource)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Line {
+    stage: String,
+    verb: String,
+    #[serde(default)]
+    object_ref: Option<ObjectRef>,
+    #[serde(default, rename = "requestURI")]
+    request_uri: String,
+    request_received_timestamp: Timestamp,
+    user: User,
+    #[serde(default)]
+    response_status: Option<ResponseStatus>,
+}
+
+#[derive(Deserialize)]
+struct ObjectRef {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    subresource: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct User {
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct ResponseStatus {
+    #[serde(default)]
+    code: Option<i32>,
+}
+
+/// Parses audit log lines: one request per watch (when it started) and per
+/// other request (when it completed); lines of other stages are skipped.
+pub fn parse(text: &str) -> anyhow::Result<Vec<Request>> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let l: Line =
+            serde_json::from_str(line).with_context(|| format!("audit log line {}", i + 1))?;
+        let counted = if l.verb == "watch" {
+            l.stage == "ResponseStarted"
+        } else {
+            l.stage == "ResponseComplete" || l.stage == "Panic"
+        };
+        if !counted {
+            continue;
+        }
+        let resource = match &l.object_ref {
+            Some(o) if !o.resource.is_empty() => match &o.subresource {
+                Some(s) if !s.is_empty() => format!("{}/{s}", o.resource),
+                _ => o.resource.clone(),
+            },
+            // Non-resource requests (/version, /apis discovery).
+            _ => l
+                .request_uri
+                .split('?')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        };
+        out.push(Request {
+            verb: l.verb,
+            resource,
+            received: l.request_received_timestamp,
+            user: l.user.username,
+            code: l.response_status.and_then(|s| s.code),
+        });
+    }
+    Ok(out)
+}
+
+/// Reads and parses the audit log at `path` (empty when it does not exist yet).
+pub fn read(path: &Path) -> anyhow::Result<Vec<Request>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Requests received in `[from, to)`, counted by `verb resource`.
+pub fn count_between(
+    requests: &[Request],
+    from: Timestamp,
+    to: Timestamp,
+) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for r in requests
+        .iter()
+        .filter(|r| r.received >= from && r.received < to)
+    {
+        *counts.entry(r.key()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// LIST requests received in `[from, to)`.
+pub fn lists_between(requests: &[Request], from: Timestamp, to: Timestamp) -> Vec<Request> {
+    requests
+        .iter()
+        .filter(|r| r.verb == "list" && r.received >= from && r.received < to)
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a","stage":"ResponseComplete","requestURI":"/api/v1/nodes?limit=500","verb":"list","user":{"username":"system:serviceaccount:saferollout-system:saferollout-operator"},"objectRef":{"resource":"nodes","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T10:00:00.000100Z","stageTimestamp":"2026-12-01T10:00:00.020000Z"}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"b","stage":"ResponseStarted","requestURI":"/api/v1/nodes?watch=true","verb":"watch","user":{"username":"op"},"objectRef":{"resource":"nodes","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T10:00:01Z","stageTimestamp":"2026-12-01T10:00:01Z"}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"b","stage":"ResponseComplete","requestURI":"/api/v1/nodes?watch=true","verb":"watch","user":{"username":"op"},"objectRef":{"resource":"nodes","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T10:00:01Z","stageTimestamp":"2026-12-01T10:30:01Z"}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"c","stage":"ResponseComplete","requestURI":"/apis/saferollout.dev/v1alpha1/namespaces/b/saferollouts/p/status","verb":"patch","user":{"username":"op"},"objectRef":{"resource":"saferollouts","namespace":"b","name":"p","apiGroup":"saferollout.dev","apiVersion":"v1alpha1","subresource":"status"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T10:00:02Z","stageTimestamp":"2026-12-01T10:00:02.005Z"}
+{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"d","stage":"ResponseComplete","requestURI":"/version","verb":"get","user":{"username":"op"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T10:00:03Z","stageTimestamp":"2026-12-01T10:00:03Z"}
+"#;
+
+    #[test]
+    fn counts_each_request_once_by_verb_and_resource() {
+        let reqs = parse(LOG).unwrap();
+        let keys: Vec<String> = reqs.iter().map(Request::key).collect();
+        assert_eq!(
+            keys,
+            [
+                "list nodes",
+                "watch nodes",
+                "patch saferollouts/status",
+                "get /version"
+            ]
+        );
+        let t = |s: &str| s.parse::<Timestamp>().unwrap();
+        let counts = count_between(&reqs, t("2026-12-01T10:00:00Z"), t("2026-12-01T10:00:02Z"));
+        assert_eq!(counts.len(), 2);
+        assert_eq!(counts["list nodes"], 1);
+        assert_eq!(
+            lists_between(&reqs, t("2026-12-01T10:00:01Z"), t("2026-12-01T11:00:00Z")).len(),
+            0,
+            "the only LIST came before"
+        );
+        assert_eq!(reqs[0].code, Some(200));
+    }
+
+    #[test]
+    fn a_bad_line_is_an_error_naming_it() {
+        let err = parse("{\"stage\": 1}\n").unwrap_err();
+        assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+}

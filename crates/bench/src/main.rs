@@ -1,0 +1,336 @@
+//! `saferollout-bench`: saferollout side by side with the native DaemonSet
+//! rollout on the local real control plane (tests/cluster/up, KWOK nodes),
+//! its reaction time to failing gates, its footprint and the cluster's; writes
+//! results.json, a Markdown report and PNG plots. Run it through `bench/run`,
+//! which builds the release binaries first.
+
+mod audit;
+mod cluster;
+mod ctx;
+mod k8s;
+mod multi;
+mod overhead;
+mod plots;
+mod procfs;
+mod reaction;
+mod report;
+mod results;
+mod stats;
+mod watch;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use jiff::Timestamp;
+use saferollout_testkit::{client_for, repo_root};
+
+use crate::cluster::Cluster;
+use crate::ctx::{Ctx, secs};
+use crate::reaction::Fault;
+use crate::results::{Component, Machine, Results, SizeResult};
+
+/// Benchmarks saferollout at fleet scale on the local real control plane.
+#[derive(Parser, Debug)]
+#[command(about)]
+struct Args {
+    /// Cluster sizes (KWOK nodes), one fresh cluster each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+    nodes: Vec<usize>,
+    /// Reaction trials per fault.
+    #[arg(long, default_value_t = 30)]
+    trials: usize,
+    /// Where the report, plots and results.json go.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Scenarios to run: overhead, reaction, multi.
+    #[arg(long, value_delimiter = ',', default_value = "overhead,reaction,multi")]
+    scenarios: Vec<String>,
+    /// Faults of the reaction scenario: crashloop, allocatable, dra.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "crashloop,allocatable,dra"
+    )]
+    faults: Vec<String>,
+    /// The gates of the DRA fault's SafeRollout (JSON of spec.gates).
+    #[arg(
+        long,
+        default_value = r#"{"resourceSlices": [{"driver": "gpu.sim.saferollout.dev", "minDevices": "baseline", "soak": "0s"}]}"#
+    )]
+    dra_gates: String,
+    /// SafeRollouts of the multi scenario (one namespace and node pool each).
+    #[arg(long, default_value_t = 50)]
+    multi: usize,
+    /// Skip the maxUnavailable 1 runs above this many nodes (they replace one node at a time).
+    #[arg(long)]
+    k1_max_nodes: Option<usize>,
+    /// The operator binary (bench/run passes the release build).
+    #[arg(long, env = "SAFEROLLOUT_BENCH_OPERATOR")]
+    operator_bin: PathBuf,
+    /// Parent of the clusters' state directories.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    state_root: PathBuf,
+    /// Leave the last cluster running.
+    #[arg(long)]
+    keep: bool,
+    /// Only remake the report and plots from DIR/results.json.
+    #[arg(long, value_name = "DIR")]
+    report_only: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(dir) = &args.report_only {
+        let results: Results = serde_json::from_slice(
+            &std::fs::read(dir.join("results.json")).context("reading results.json")?,
+        )?;
+        let name = report::write(dir, &results)?;
+        eprintln!("bench: wrote {}", dir.join(name).display());
+        return Ok(());
+    }
+    let faults: Vec<Fault> = args
+        .faults
+        .iter()
+        .map(|f| Fault::parse(f))
+        .collect::<anyhow::Result<_>>()?;
+    let dra_gates: serde_json::Value =
+        serde_json::from_str(&args.dra_gates).context("--dra-gates is not JSON")?;
+    for s in &args.scenarios {
+        if !["overhead", "reaction", "multi"].contains(&s.as_str()) {
+            bail!("unknown scenario {s:?} (overhead, reaction, multi)");
+        }
+    }
+    if !args.operator_bin.is_file() {
+        bail!("no operator binary at {}", args.operator_bin.display());
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| repo_root().join("bench/results"));
+    std::fs::create_dir_all(&out)?;
+    let log_dir =
+        std::env::temp_dir().join(format!("saferollout-bench-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir)?;
+    let mut results = Results {
+        started: Some(Timestamp::now()),
+        machine: machine(),
+        commit: git_commit(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        ..Default::default()
+    };
+    for (i, &nodes) in args.nodes.iter().enumerate() {
+        let last = i + 1 == args.nodes.len();
+        let size = run_size(
+            &args,
+            nodes,
+            &faults,
+            &dra_gates,
+            &log_dir,
+            last && args.keep,
+        )
+        .await;
+        match size {
+            Ok(s) => results.sizes.push(s),
+            Err(e) => {
+                eprintln!("bench: {nodes} nodes failed: {e:#}");
+                results.sizes.push(SizeResult {
+                    nodes,
+                    notes: vec![format!("the run failed: {e:#}")],
+                    ..Default::default()
+                });
+            }
+        }
+        results.finished = Some(Timestamp::now());
+        results.machine.load_end = procfs::load_average();
+        std::fs::write(
+            out.join("results.json"),
+            serde_json::to_vec_pretty(&results)?,
+        )?;
+        let name = report::write(&out, &results)?;
+        eprintln!("bench: wrote {}", out.join(name).display());
+    }
+    eprintln!("bench: operator logs in {}", log_dir.display());
+    if results
+        .sizes
+        .iter()
+        .any(|s| s.notes.iter().any(|n| n.starts_with("the run failed")))
+    {
+        bail!("some sizes failed (see the report)");
+    }
+    Ok(())
+}
+
+async fn run_size(
+    args: &Args,
+    nodes: usize,
+    faults: &[Fault],
+    dra_gates: &serde_json::Value,
+    log_dir: &std::path::Path,
+    keep: bool,
+) -> anyhow::Result<SizeResult> {
+    let mut size = SizeResult {
+        nodes,
+        load_start: procfs::load_average(),
+        ..Default::default()
+    };
+    let state = args.state_root.join(format!("saferollout-bench-{nodes}"));
+    eprintln!(
+        "bench: starting a cluster of {nodes} nodes in {}",
+        state.display()
+    );
+    let t = Timestamp::now();
+    let cluster = Cluster::up(nodes, k8s::GPUS as usize, &state)?;
+    size.cluster_up_secs = secs(t, Timestamp::now());
+    let result = async {
+        let client = client_for(&cluster.kubeconfig).await?;
+        let op_kubeconfig = cluster.install_operator()?;
+        let names = k8s::node_names(&client).await?;
+        let ctx = Ctx::new(
+            Cluster {
+                kubeconfig: cluster.kubeconfig.clone(),
+                state_dir: cluster.state_dir.clone(),
+                nodes,
+            },
+            client,
+            args.operator_bin.clone(),
+            op_kubeconfig,
+            log_dir.to_path_buf(),
+            names,
+        );
+        overhead::setup(&ctx).await?;
+        let before = cluster.component_stats()?;
+        let wants = |s: &str| args.scenarios.iter().any(|x| x == s);
+        if wants("overhead") {
+            let k1 = args.k1_max_nodes.is_none_or(|m| nodes <= m);
+            if !k1 {
+                size.notes.push(format!(
+                    "maxUnavailable 1 not run at {nodes} nodes (--k1-max-nodes)"
+                ));
+            }
+            // Native and saferollout alternate (ABBA), so a slow spell of the
+            // machine weighs on both.
+            let mut runs: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+            if k1 {
+                runs.push(("native", "1", vec![]));
+                runs.push(("saferollout", "1", vec!["100%"]));
+            }
+            runs.push(("saferollout", "10%", vec!["100%"]));
+            runs.push(("native", "10%", vec![]));
+            runs.push(("saferollout", "10%", vec!["1", "10%", "50%", "100%"]));
+            for (mode, k, stages) in runs {
+                let run = if mode == "native" {
+                    overhead::native(&ctx, k).await
+                } else {
+                    overhead::saferollout(&ctx, k, &stages).await
+                };
+                match run {
+                    Ok(r) => size.rollouts.push(r),
+                    Err(e) => {
+                        eprintln!("bench: {mode} maxUnavailable {k} {stages:?}: {e:#}");
+                        size.notes.push(format!(
+                            "{mode} rollout, maxUnavailable {k}, stages {stages:?}: {e:#}"
+                        ));
+                        overhead::recover(&ctx).await?;
+                    }
+                }
+            }
+        }
+        if wants("reaction") && !faults.is_empty() {
+            match reaction::run(&ctx, faults, args.trials, dra_gates).await {
+                Ok(r) => size.reaction = r,
+                Err(e) => size.notes.push(format!("reaction: {e:#}")),
+            }
+        }
+        if wants("multi") && args.multi > 0 {
+            match multi::run(&ctx, args.multi).await {
+                Ok(m) => size.multi = Some(m),
+                Err(e) => size.notes.push(format!("multi: {e:#}")),
+            }
+        }
+        let after = cluster.component_stats()?;
+        size.components = after
+            .into_iter()
+            .map(|(name, end)| {
+                let start = before
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(0.0, |(_, s)| s.cpu_secs);
+                Component {
+                    cpu_secs_bench: end.cpu_secs - start,
+                    name,
+                    end,
+                }
+            })
+            .collect();
+        anyhow::Ok(())
+    }
+    .await;
+    size.load_end = procfs::load_average();
+    if let Err(e) = result {
+        size.notes.push(format!("the run failed: {e:#}"));
+        eprintln!(
+            "bench: {nodes} nodes: {e:#}; cluster logs in {}",
+            state.display()
+        );
+        if !keep {
+            let kept = std::env::temp_dir().join(format!("saferollout-bench-failed-{nodes}"));
+            let _ = std::fs::remove_dir_all(&kept);
+            let _ = std::process::Command::new("cp")
+                .arg("-r")
+                .arg(state.join("logs"))
+                .arg(&kept)
+                .status();
+            eprintln!("bench: kept the cluster's logs in {}", kept.display());
+        }
+    }
+    // The operator's requests, for a closer look (not part of the report).
+    let _ = std::fs::copy(
+        cluster.audit_log(),
+        log_dir.join(format!("audit-{nodes}.log")),
+    );
+    if !keep {
+        cluster.down()?;
+    }
+    Ok(size)
+}
+
+fn machine() -> Machine {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let memory_kib: f64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0.0);
+    Machine {
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory_gib: memory_kib / 1024.0 / 1024.0,
+        cpu_model: read("/proc/cpuinfo")
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, m)| m.trim().to_string())
+            .unwrap_or_default(),
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        load_start: procfs::load_average(),
+        load_end: 0.0,
+    }
+}
+
+fn git_commit() -> String {
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(repo_root())
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,481 @@
+//! The Markdown report of a run, with its plots, made from [`Results`].
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::plots;
+use crate::results::{OperatorRun, Results, RolloutRun, SizeResult};
+
+/// The report's date (UTC), which also names its files.
+pub fn date(r: &Results) -> String {
+    r.started
+        .map(|t| t.strftime("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| "undated".into())
+}
+
+/// Writes `<date>.md` and its PNGs into `dir`; returns the report's file name.
+pub fn write(dir: &Path, r: &Results) -> anyhow::Result<String> {
+    let date = date(r);
+    let pngs = plots::draw(dir, &date, r)?;
+    let name = format!("{date}.md");
+    std::fs::write(dir.join(&name), markdown(r, &pngs))?;
+    Ok(name)
+}
+
+fn f1(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or("-".into(), f)
+}
+
+/// The native run and saferollout's single-stage run at the same maxUnavailable.
+pub fn pairs(s: &SizeResult) -> Vec<(&RolloutRun, &RolloutRun)> {
+    let mut out = Vec::new();
+    for native in s.rollouts.iter().filter(|r| r.mode == "native") {
+        if let Some(sr) = s.rollouts.iter().find(|r| {
+            r.mode == "saferollout"
+                && r.max_unavailable == native.max_unavailable
+                && r.stages == "100%"
+        }) {
+            out.push((native, sr));
+        }
+    }
+    out
+}
+
+/// saferollout's time to Succeeded, its soak by design subtracted, over the
+/// native time to a complete DaemonSet.
+pub fn ratio(native: &RolloutRun, sr: &RolloutRun) -> Option<f64> {
+    Some(net(sr)? / native.daemonset_complete_secs)
+}
+
+/// Time to Succeeded less the soak by design.
+pub fn net(sr: &RolloutRun) -> Option<f64> {
+    Some(sr.succeeded_secs? - sr.soak_secs)
+}
+
+/// Every operator process of a size.
+pub fn operator_runs(s: &SizeResult) -> Vec<&OperatorRun> {
+    let mut runs: Vec<&OperatorRun> = s
+        .rollouts
+        .iter()
+        .filter_map(|r| r.operator.as_ref())
+        .collect();
+    let mut seen = Vec::new();
+    for f in &s.reaction {
+        if let Some(o) = &f.operator
+            && !seen.contains(&o.label)
+        {
+            seen.push(o.label.clone());
+            runs.push(o);
+        }
+    }
+    if let Some(m) = &s.multi {
+        runs.push(&m.operator);
+    }
+    runs
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "**missed**" }
+}
+
+fn targets(r: &Results, out: &mut String) {
+    let Some(big) = r
+        .sizes
+        .iter()
+        .filter(|s| s.notes.iter().all(|n| !n.starts_with("the run failed")))
+        .max_by_key(|s| s.nodes)
+    else {
+        return;
+    };
+    let n = big.nodes;
+    let _ = writeln!(out, "## Targets\n");
+    let _ = writeln!(out, "| target | measured | |\n|---|---|---|");
+    for s in &r.sizes {
+        for (native, sr) in pairs(s) {
+            if let Some(x) = ratio(native, sr) {
+                let _ = writeln!(
+                    out,
+                    "| gated rollout, no soak <= 1.1x native (maxUnavailable {}, {} nodes) | {x:.2}x ({}s vs {}s) | {} |",
+                    native.max_unavailable,
+                    s.nodes,
+                    f1(net(sr).unwrap_or_default()),
+                    f1(native.daemonset_complete_secs),
+                    verdict(x <= 1.1)
+                );
+            }
+        }
+    }
+    for f in &big.reaction {
+        if let Some(rv) = &f.revert {
+            let _ = writeln!(
+                out,
+                "| reaction p50 <= 100 ms, p99 <= 500 ms at {n} nodes ({}) | p50 {:.0} ms, p99 {:.0} ms ({} trials) | {} |",
+                f.fault,
+                rv.p50,
+                rv.p99,
+                rv.count,
+                verdict(rv.p50 <= 100.0 && rv.p99 <= 500.0)
+            );
+        } else if let Some(why) = &f.skipped {
+            let _ = writeln!(
+                out,
+                "| reaction at {n} nodes ({}) | not measured: {why} | - |",
+                f.fault
+            );
+        }
+    }
+    if let Some(m) = &big.multi {
+        let _ = writeln!(
+            out,
+            "| operator RSS <= 64 MiB at {n} nodes and {} SafeRollouts | peak {:.1} MiB | {} |",
+            m.rollouts,
+            m.operator.stat.peak_rss_mib,
+            verdict(m.operator.stat.peak_rss_mib <= 64.0)
+        );
+    }
+    let runs = operator_runs(big);
+    if let Some(worst) = runs
+        .iter()
+        .filter(|o| o.rollouts == 1)
+        .filter_map(|o| o.startup_secs)
+        .reduce(f64::max)
+    {
+        let _ = writeln!(
+            out,
+            "| start-up to first status write <= 3 s at {n} nodes | worst of {} starts {worst:.2} s | {} |",
+            runs.iter().filter(|o| o.rollouts == 1).count(),
+            verdict(worst <= 3.0)
+        );
+    }
+    let lists: usize = r
+        .sizes
+        .iter()
+        .flat_map(operator_runs)
+        .map(|o| o.lists_after_startup.len())
+        .sum();
+    let _ = writeln!(
+        out,
+        "| zero periodic LISTs after start-up | {lists} LIST(s) after the first status write, over every operator run | {} |",
+        verdict(lists == 0)
+    );
+    let _ = writeln!(out);
+}
+
+pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let m = &r.machine;
+    let _ = writeln!(out, "# saferollout benchmark, {}\n", date(r));
+    let _ = writeln!(
+        out,
+        "Machine: {} cores ({}), {:.0} GiB, Linux {}; 1-minute load {:.1} at the start, {:.1} at the end \
+         (other people's builds and tests share the machine: absolute times are noisy, the ratios \
+         compare runs made side by side on the same cluster). Commit `{}`. Command: `{}`.\n",
+        m.cores, m.cpu_model, m.memory_gib, m.kernel, m.load_start, m.load_end, r.commit, r.command
+    );
+    targets(r, &mut out);
+    for (title, file) in pngs {
+        let _ = writeln!(out, "![{title}]({file})\n");
+    }
+
+    let _ = writeln!(
+        out,
+        "## Rollout time: saferollout against the native RollingUpdate\n"
+    );
+    let _ = writeln!(
+        out,
+        "The same DaemonSet (a simulated device plugin on every node) gets a new image. Native: \
+         `RollingUpdate` with `maxUnavailable` K, timed from the template write to the DaemonSet status \
+         showing every pod updated and available. saferollout: the same update (the Helm path: the \
+         DaemonSet's template is written) under a SafeRollout with one `100%` stage, the same \
+         `maxUnavailable`, podsReady and allocatable gates, timed to the DaemonSet complete and to the \
+         SafeRollout `Succeeded`. The allocatable gate soaks 2 s: without soak it falsely reverted healthy \
+         releases here (a replaced plugin's node reads 0 devices for a moment after its new pod turns \
+         Ready). A stage passes only after its gates held for the soak, so the ratio uses `Succeeded` less \
+         2 s per stage (the net column). The staged row (1, 10%, 50%, 100%) is for reference.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | maxUnavailable | native (s) | saferollout: DaemonSet complete (s) | saferollout: Succeeded (s) | net of soak (s) | ratio |\n|---|---|---|---|---|---|---|"
+    );
+    for s in &r.sizes {
+        for (native, sr) in pairs(s) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                s.nodes,
+                native.max_unavailable,
+                f1(native.daemonset_complete_secs),
+                f1(sr.daemonset_complete_secs),
+                opt(sr.succeeded_secs, f1),
+                opt(net(sr), f1),
+                opt(ratio(native, sr), |x| format!("{x:.2}x"))
+            );
+        }
+        for sr in s
+            .rollouts
+            .iter()
+            .filter(|r| r.mode == "saferollout" && r.stages != "100%")
+        {
+            let _ = writeln!(
+                out,
+                "| {} | {} (stages {}) | - | {} | {} | {} | - |",
+                s.nodes,
+                sr.max_unavailable,
+                sr.stages,
+                f1(sr.daemonset_complete_secs),
+                opt(sr.succeeded_secs, f1),
+                opt(net(sr), f1)
+            );
+        }
+    }
+    let _ = writeln!(out);
+
+    let _ = writeln!(out, "## Reaction time\n");
+    let _ = writeln!(
+        out,
+        "From the watch event that makes the gate fail on the canary to the watch event of the operator's \
+         revert write (the DaemonSet's template restored) and of its status write (the revision blocked), \
+         both delivered by the API server to the benchmark (stamped on arrival; the delivery delay is the \
+         same for both). Every gate runs with soak 0s, so no soak is subtracted. One new faulty template \
+         per trial, faults interleaved. Without soak the allocatable gate can pass a broken plugin at the \
+         canary when the pod's Ready comes a moment before the node's allocatable drops (the failure is then \
+         caught at the next stage): such trials are counted as false passes and left out of the times.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | fault | trials | revert p50 | p90 | p99 | max | status p50 | status p99 | false passes at the canary | failed trials |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for s in &r.sizes {
+        for f in &s.reaction {
+            if let Some(why) = &f.skipped {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | not measured: {why} |||||||",
+                    s.nodes, f.fault
+                );
+                continue;
+            }
+            let ms = |v: f64| format!("{v:.0} ms");
+            let failed = f.trials.iter().filter(|t| t.error.is_some()).count();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {failed} |",
+                s.nodes,
+                f.fault,
+                f.trials.len(),
+                opt(f.revert.map(|x| x.p50), ms),
+                opt(f.revert.map(|x| x.p90), ms),
+                opt(f.revert.map(|x| x.p99), ms),
+                opt(f.revert.map(|x| x.max), ms),
+                opt(f.status.map(|x| x.p50), ms),
+                opt(f.status.map(|x| x.p99), ms),
+                f.trials.iter().filter(|t| t.false_pass).count(),
+            );
+        }
+    }
+    let descriptions: Vec<(&str, &str)> = r
+        .sizes
+        .iter()
+        .flat_map(|s| &s.reaction)
+        .map(|f| (f.fault.as_str(), f.description.as_str()))
+        .collect();
+    let mut seen = Vec::new();
+    for (fault, d) in descriptions {
+        if !seen.contains(&fault) {
+            seen.push(fault);
+            let _ = writeln!(out, "- `{fault}`: {d}");
+        }
+    }
+    let _ = writeln!(out);
+
+    let _ = writeln!(out, "## The operator's footprint\n");
+    let _ = writeln!(
+        out,
+        "One operator process per run (release build, its ServiceAccount's token, leader election on, \
+         watching all namespaces). Peak RSS is the kernel's VmHWM; CPU is user + system time of the \
+         process; requests are the API server's audit log of the ServiceAccount; start-up is from the \
+         process start to its first status write (the request's arrival at the API server).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | run | SafeRollouts | start-up (s) | wall (s) | peak RSS (MiB) | CPU (s) | requests | LISTs after start-up | reconciles | mean reconcile (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for s in &r.sizes {
+        for o in operator_runs(s) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {:.0} | {:.2} |",
+                s.nodes,
+                o.label,
+                o.rollouts,
+                opt(o.startup_secs, |x| format!("{x:.2}")),
+                f1(o.wall_secs),
+                o.stat.peak_rss_mib,
+                o.stat.cpu_secs,
+                o.requests.values().sum::<usize>(),
+                o.lists_after_startup.len(),
+                o.reconciles,
+                o.reconcile_mean_ms
+            );
+        }
+    }
+    let _ = writeln!(out);
+    for s in &r.sizes {
+        for o in operator_runs(s) {
+            for l in &o.lists_after_startup {
+                let _ = writeln!(out, "- {} nodes, {}: {l}", s.nodes, o.label);
+            }
+        }
+    }
+    if let Some((s, o)) = r.sizes.iter().rev().find_map(|s| {
+        s.rollouts
+            .iter()
+            .find(|x| x.mode == "saferollout" && x.stages == "100%")
+            .and_then(|x| x.operator.as_ref())
+            .map(|o| (s, o))
+    }) {
+        let _ = writeln!(
+            out,
+            "\nRequests by verb and resource of the run `{}` at {} nodes (start-up, adoption, one rollout, deletion):\n",
+            o.label, s.nodes
+        );
+        let _ = writeln!(out, "| request | count |\n|---|---|");
+        for (k, v) in &o.requests {
+            let _ = writeln!(out, "| `{k}` | {v} |");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n### Requests per stage\n\nThe staged rollout (1, 10%, 50%, 100%, maxUnavailable 10%): the operator's requests while each stage ran, against the nodes the stage added.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | stage | new nodes | duration (s) | requests | per new node | of which LIST |\n|---|---|---|---|---|---|---|"
+    );
+    for s in &r.sizes {
+        for run in s
+            .rollouts
+            .iter()
+            .filter(|x| !x.stage_requests.is_empty() && x.stages != "100%")
+        {
+            for st in &run.stage_requests {
+                let total: usize = st.requests.values().sum();
+                let lists: usize = st
+                    .requests
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("list "))
+                    .map(|(_, v)| v)
+                    .sum();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {total} | {:.1} | {lists} |",
+                    s.nodes,
+                    st.index + 1,
+                    st.new_nodes,
+                    f1(st.secs),
+                    total as f64 / st.new_nodes.max(1) as f64
+                );
+            }
+        }
+    }
+    let _ = writeln!(out);
+
+    let _ = writeln!(out, "## Many SafeRollouts\n");
+    let _ = writeln!(
+        out,
+        "N DaemonSets in N namespaces, each on its own pool of nodes, each with a SafeRollout (default \
+         stages 1, 10%, 50%, 100%; maxUnavailable 1; allocatable soak 0s); the operator starts with all of \
+         them present; then every template changes at once.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | SafeRollouts | nodes each | start to all adopted (s) | all rolled out (s) | peak RSS (MiB) | CPU (s) | requests |\n|---|---|---|---|---|---|---|---|"
+    );
+    for s in &r.sizes {
+        if let Some(m) = &s.multi {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} |",
+                s.nodes,
+                m.rollouts,
+                m.nodes_each,
+                f1(m.adopt_secs),
+                f1(m.rollout_secs),
+                m.operator.stat.peak_rss_mib,
+                m.operator.stat.cpu_secs,
+                m.operator.requests.values().sum::<usize>()
+            );
+        }
+    }
+    let _ = writeln!(out);
+
+    let _ = writeln!(out, "## The cluster's own cost\n");
+    let _ = writeln!(
+        out,
+        "RSS (now / peak) and CPU seconds of each component while the benchmark ran on that size (the \
+         cluster's start excluded), from /proc of the PIDs `tests/cluster/up` recorded. Two cores give \
+         at most 2 CPU-seconds per second.\n"
+    );
+    let mut names: Vec<&str> = Vec::new();
+    for s in &r.sizes {
+        for c in &s.components {
+            if !names.contains(&c.name.as_str()) {
+                names.push(&c.name);
+            }
+        }
+    }
+    let _ = write!(out, "| nodes | cluster start (s) |");
+    for n in &names {
+        let _ = write!(out, " {n} |");
+    }
+    let _ = write!(out, "\n|---|---|");
+    for _ in &names {
+        let _ = write!(out, "---|");
+    }
+    let _ = writeln!(out);
+    for s in &r.sizes {
+        let _ = write!(out, "| {} | {} |", s.nodes, f1(s.cluster_up_secs));
+        for n in &names {
+            match s.components.iter().find(|c| c.name == *n) {
+                Some(c) => {
+                    let _ = write!(
+                        out,
+                        " {:.0} / {:.0} MiB, {:.0} s |",
+                        c.end.rss_mib, c.end.peak_rss_mib, c.cpu_secs_bench
+                    );
+                }
+                None => {
+                    let _ = write!(out, " - |");
+                }
+            }
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(out);
+    let notes: Vec<String> = r
+        .sizes
+        .iter()
+        .flat_map(|s| {
+            s.notes
+                .iter()
+                .map(move |n| format!("- {} nodes: {n}", s.nodes))
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "## Notes\n\n{}\n", notes.join("\n"));
+    }
+    let _ = writeln!(
+        out,
+        "Load average per size (start / end): {}.\n",
+        r.sizes
+            .iter()
+            .map(|s| format!("{} nodes {:.1} / {:.1}", s.nodes, s.load_start, s.load_end))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    out
+}
