@@ -193,13 +193,27 @@ fn helm_lints_the_chart_in_every_mode() -> anyhow::Result<()> {
 
 #[test]
 fn the_device_gates_rules_go_with_their_values() -> anyhow::Result<()> {
+    // The probe gate's rules (pods create, ResourceClaimTemplates for DRA
+    // probes) are not the device gates': they stay.
     let device = |p: &(String, String)| {
-        p.0.starts_with("resource.k8s.io/") || (p.0 == "/pods" && p.1 == "create")
+        p.0.starts_with("resource.k8s.io/") && p.0 != "resource.k8s.io/resourceclaimtemplates"
     };
     let off = render(&["--set", "deviceGates.enabled=false"])?;
     let granted = pairs(&grants(&of_kind(&off, "ClusterRole")));
     assert!(!granted.iter().any(device), "{granted:?}");
     assert!(strings(&container(&off)["args"]).contains(&"--device-gates=false".to_string()));
+    // Namespaced: without the device gates no pod right is cluster-wide.
+    let off_ns = render(&[
+        "--set",
+        "deviceGates.enabled=false",
+        "--set",
+        "watchNamespaces={gpu-operator}",
+    ])?;
+    let cluster_wide = pairs(&grants(&of_kind(&off_ns, "ClusterRole")));
+    assert!(
+        !cluster_wide.iter().any(|p| p.0 == "/pods"),
+        "{cluster_wide:?}"
+    );
     let no_quarantine = render(&["--set", "deviceGates.quarantine=false"])?;
     let granted = pairs(&grants(&of_kind(&no_quarantine, "ClusterRole")));
     assert!(
@@ -823,7 +837,16 @@ async fn the_namespaced_chart_suffices_and_stops_at_its_namespaces() -> anyhow::
         assert!(!can(&["get", "namespaces/kube-system"])?);
     }
     assert!(!can(&["get", "secrets", "-n", &ns.name])?);
-    assert!(!can(&["list", "pods", "--all-namespaces"])?);
+    // The device gates read the workloads of held nodes in any namespace
+    // (deviceGates.enabled, the default); every pod write stays in the
+    // listed namespaces.
+    assert!(can(&["list", "pods", "--all-namespaces"])?);
+    for other in ["default", "kube-system"] {
+        assert!(
+            !can(&["create", "pods", "-n", other])?,
+            "pod create in {other}"
+        );
+    }
 
     let args = release.operator_args(&client).await?;
     let mut op = release.start_operator(&kubeconfig, &args)?;
