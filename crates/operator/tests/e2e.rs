@@ -446,10 +446,8 @@ async fn broken_release_is_reverted_at_the_canary() -> anyhow::Result<()> {
     }
 
     // The failure is reported as a Warning Event.
-    let ev = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.ns.name)
-        .list(&Default::default())
-        .await?;
-    assert!(ev.items.iter().any(
+    let ev = support::wait_events(&env.client, &env.ns.name, "GateFailed").await?;
+    assert!(ev.iter().any(
         |e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("GateFailed")
     ));
     Ok(())
@@ -782,17 +780,9 @@ async fn preflight_enforce_blocks_a_literal_secret_and_names_uncovered_nodes() -
         .await?;
     assert!(pods.items.iter().all(|p| image_of(p) == v1));
     assert!(!serde_json::to_string(&st)?.contains(secret_value));
-    let events =
-        Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.ns.name)
-            .list(&Default::default())
-            .await?;
-    assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("PreflightFailed"))
-    );
-    assert!(!serde_json::to_string(&events.items)?.contains(secret_value));
+    // Events come after the status write: wait for the one this asserts on.
+    let events = support::wait_events(&env.client, &env.ns.name, "PreflightFailed").await?;
+    assert!(!serde_json::to_string(&events)?.contains(secret_value));
 
     // Warn: the same findings no longer block.
     let patch = json!({"spec": {"preflight": {"policy": "Warn"}}});

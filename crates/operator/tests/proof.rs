@@ -593,14 +593,9 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
         !status_text.contains("simtok-"),
         "a token in status: {status_text}"
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(env.client.clone(), &env.ns.name);
-    let events = events.list(&Default::default()).await?;
-    let events_text = serde_json::to_string(&events.items)?;
-    assert!(
-        events_text.contains("GateFailed"),
-        "the gate failures are Events"
-    );
+    // The gate failures are Events (published after the status write).
+    let events = support::wait_events(&env.client, &env.ns.name, "GateFailed").await?;
+    let events_text = serde_json::to_string(&events)?;
     assert!(
         !events_text.contains("simtok-"),
         "a token in Events: {events_text}"

@@ -478,15 +478,7 @@ pub async fn events(env: &Env, reason: &str) -> anyhow::Result<Vec<String>> {
 /// Waits until at least one Event `reason` about the SafeRollout exists
 /// (Events are published after the status write); returns their messages.
 pub async fn wait_events(env: &Env, reason: &str) -> anyhow::Result<Vec<String>> {
-    let list: Api<Event> = Api::namespaced(env.client.clone(), &env.ns.name);
-    let reason_owned = reason.to_string();
-    let seen = wait_for_all(&list, watcher::Config::default(), TIMEOUT, move |es| {
-        es.iter().any(|e| {
-            e.reason.as_deref() == Some(reason_owned.as_str())
-                && e.involved_object.kind.as_deref() == Some("SafeRollout")
-        })
-    })
-    .await?;
+    let seen = super::wait_events(&env.client, &env.ns.name, reason).await?;
     Ok(seen
         .iter()
         .filter(|e| e.reason.as_deref() == Some(reason))

@@ -615,3 +615,24 @@ impl Drop for Prometheus {
         let _ = std::fs::remove_dir_all(self.dir.join("data"));
     }
 }
+
+/// Waits until an Event `reason` about a SafeRollout exists in `ns` (the
+/// operator publishes Events after its status write and its other actions,
+/// so a test that saw the status must wait for them) and returns the
+/// namespace's Events as seen then.
+pub async fn wait_events(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+) -> anyhow::Result<Vec<k8s_openapi::api::core::v1::Event>> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
+    let reason = reason.to_string();
+    let seen = wait_for_all(&api, watcher::Config::default(), TIMEOUT, move |es| {
+        es.iter().any(|e| {
+            e.reason.as_deref() == Some(reason.as_str())
+                && e.involved_object.kind.as_deref() == Some("SafeRollout")
+        })
+    })
+    .await?;
+    Ok(seen.iter().map(|e| (**e).clone()).collect())
+}
