@@ -183,42 +183,29 @@ mod prune {
     }
 
     pub fn pod(p: &mut Pod) {
-        meta(&mut p.metadata);
-        p.metadata.annotations = None;
-        if let Some(spec) = p.spec.take() {
-            p.spec = Some(PodSpec {
-                node_name: spec.node_name,
-                containers: spec
-                    .containers
-                    .into_iter()
-                    .map(|c| Container {
-                        name: c.name,
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            });
-        }
+        slim_pod(p, "Ready");
         if let Some(st) = p.status.as_mut() {
-            st.conditions
-                .get_or_insert_default()
-                .retain(|c| c.type_ == "Ready");
-            st.host_ip = None;
-            st.host_ips = None;
-            st.pod_ip = None;
-            st.pod_ips = None;
             st.init_container_statuses = None;
-            for c in st.container_statuses.iter_mut().flatten() {
-                c.image_id.clear();
-                c.container_id = None;
-                c.last_state = None;
-            }
         }
     }
 
     /// Probe pods: what the probe gate reads (phase, scheduling, the first
     /// container's state), never the environment.
     pub fn probe_pod(p: &mut Pod) {
+        slim_pod(p, "PodScheduled");
+        for c in p
+            .status
+            .iter_mut()
+            .flat_map(|st| st.container_statuses.iter_mut().flatten())
+        {
+            c.allocated_resources_status = None;
+        }
+    }
+
+    /// What both pod caches drop: annotations, the spec beyond the node and
+    /// the container names (so no environment), addresses, every condition
+    /// but `keep`, and the containers' image IDs, IDs and last states.
+    fn slim_pod(p: &mut Pod, keep: &str) {
         meta(&mut p.metadata);
         p.metadata.annotations = None;
         if let Some(spec) = p.spec.take() {
@@ -238,7 +225,7 @@ mod prune {
         if let Some(st) = p.status.as_mut() {
             st.conditions
                 .get_or_insert_default()
-                .retain(|c| c.type_ == "PodScheduled");
+                .retain(|c| c.type_ == keep);
             st.host_ip = None;
             st.host_ips = None;
             st.pod_ip = None;
@@ -247,7 +234,6 @@ mod prune {
                 c.image_id.clear();
                 c.container_id = None;
                 c.last_state = None;
-                c.allocated_resources_status = None;
             }
         }
     }
