@@ -65,6 +65,15 @@ struct Args {
     /// Skip the maxUnavailable 1 runs above this many nodes (they replace one node at a time).
     #[arg(long)]
     k1_max_nodes: Option<usize>,
+    /// The overhead runs, in order: `native:K` or `saferollout:K:STAGES`
+    /// (stages separated by `/`). Default: native and saferollout at K = 1,
+    /// then at K = 10%, then saferollout staged 1/10%/50%/100% at K = 10%.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "native:1,saferollout:1:100%,saferollout:10%:100%,native:10%,saferollout:10%:1/10%/50%/100%"
+    )]
+    overhead_runs: Vec<String>,
     /// The operator binary (bench/run passes the release build).
     #[arg(long, env = "SAFEROLLOUT_BENCH_OPERATOR")]
     operator_bin: PathBuf,
@@ -103,6 +112,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let dra_gates: serde_json::Value =
         serde_json::from_str(&args.dra_gates).context("--dra-gates is not JSON")?;
+    if let Some(bad) = args
+        .overhead_runs
+        .iter()
+        .find(|r| parse_overhead_run(r).is_none())
+    {
+        bail!("--overhead-runs: {bad:?} is not native:K or saferollout:K:STAGES");
+    }
     for s in &args.scenarios {
         if !["overhead", "reaction", "multi"].contains(&s.as_str()) {
             bail!("unknown scenario {s:?} (overhead, reaction, multi)");
@@ -217,14 +233,12 @@ async fn run_size(
             }
             // Native and saferollout alternate (ABBA), so a slow spell of the
             // machine weighs on both.
-            let mut runs: Vec<(&str, &str, Vec<&str>)> = Vec::new();
-            if k1 {
-                runs.push(("native", "1", vec![]));
-                runs.push(("saferollout", "1", vec!["100%"]));
-            }
-            runs.push(("saferollout", "10%", vec!["100%"]));
-            runs.push(("native", "10%", vec![]));
-            runs.push(("saferollout", "10%", vec!["1", "10%", "50%", "100%"]));
+            let runs: Vec<(&str, &str, Vec<&str>)> = args
+                .overhead_runs
+                .iter()
+                .filter_map(|r| parse_overhead_run(r))
+                .filter(|(_, k, _)| k1 || *k != "1")
+                .collect();
             for (mode, k, stages) in runs {
                 let run = if mode == "native" {
                     overhead::native(&ctx, k).await
@@ -302,6 +316,22 @@ async fn run_size(
     Ok(size)
 }
 
+/// `native:K` or `saferollout:K:S1/S2/...` as (mode, K, stages).
+fn parse_overhead_run(run: &str) -> Option<(&str, &str, Vec<&str>)> {
+    let mut parts = run.splitn(3, ':');
+    let (mode, k) = (parts.next()?, parts.next()?);
+    if k.is_empty() {
+        return None;
+    }
+    match (mode, parts.next()) {
+        ("native", None) => Some((mode, k, vec![])),
+        ("saferollout", Some(stages)) if !stages.is_empty() => {
+            Some((mode, k, stages.split('/').collect()))
+        }
+        _ => None,
+    }
+}
+
 fn machine() -> Machine {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let memory_kib: f64 = read("/proc/meminfo")
@@ -333,4 +363,31 @@ fn git_commit() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_overhead_run;
+
+    #[test]
+    fn overhead_runs_parse() {
+        assert_eq!(
+            parse_overhead_run("native:1"),
+            Some(("native", "1", vec![]))
+        );
+        assert_eq!(
+            parse_overhead_run("saferollout:10%:1/10%/100%"),
+            Some(("saferollout", "10%", vec!["1", "10%", "100%"]))
+        );
+        for bad in [
+            "native",
+            "native:",
+            "native:1:100%",
+            "saferollout:1",
+            "saferollout:1:",
+            "other:1",
+        ] {
+            assert_eq!(parse_overhead_run(bad), None, "{bad}");
+        }
+    }
 }

@@ -11,9 +11,78 @@
 //! them, and the stage's serial replacements do not wait for one status round
 //! trip each.
 
+use std::time::Duration;
+
 use saferollout_api::SafeRolloutStatus;
 
 use crate::rollout::Action;
+
+/// How long a status change that only says how far a stage got may wait
+/// for the next write. During a stage every agent pod that turns Ready
+/// changes a progress count and a gate message; writing each (a server-side
+/// apply of a status that lists every node of the plan) costs the API server
+/// more than the pod replacement itself at thousands of nodes, and each
+/// write's round trip holds back the pass that replaces the next pod.
+pub const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a pass's status goes to the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// Before (or alongside, see [`status_may_trail`]) the pass's actions.
+    Now,
+    /// Not in this pass: only progress and messages changed and the last
+    /// write is recent. The pass runs again after this long and writes then
+    /// (whatever it finds by then); meanwhile the status shows the last
+    /// write, at most [`PROGRESS_WRITE_INTERVAL`] old.
+    After(Duration),
+}
+
+/// Whether the status of a pass is written now or with a later pass.
+///
+/// Deferred are only changes of what [`status_may_trail`] already lets trail
+/// the actions, narrowed further: progress counts and times, and messages
+/// (the status's, the conditions', the gates'), with no action but pod
+/// deletions and Events. Every gate's status, reason, node and soak start,
+/// the plan, the phase and the conditions' states are written at once, so a
+/// failing gate, a stage passing or a soak starting is never held back.
+/// Deferring is losing the write for a moment, which the next pass re-derives
+/// ("a lost progress time only brings the deadline nearer").
+/// `since_last_write`: how long ago this replica last wrote the status
+/// (`None`: not since it started).
+pub fn when_to_write(
+    old: &SafeRolloutStatus,
+    new: &SafeRolloutStatus,
+    actions: &[Action],
+    since_last_write: Option<Duration>,
+) -> StatusWrite {
+    let only_deletions = actions
+        .iter()
+        .all(|a| matches!(a, Action::DeletePods { .. } | Action::Event { .. }));
+    match since_last_write {
+        Some(since)
+            if since < PROGRESS_WRITE_INTERVAL
+                && only_deletions
+                && progress_free(old) == progress_free(new) =>
+        {
+            StatusWrite::After(PROGRESS_WRITE_INTERVAL - since)
+        }
+        _ => StatusWrite::Now,
+    }
+}
+
+/// The status without its progress and messages.
+fn progress_free(st: &SafeRolloutStatus) -> SafeRolloutStatus {
+    let mut p = st.clone();
+    p.progress = None;
+    p.message = None;
+    for g in p.stages.iter_mut().flat_map(|s| s.gates.iter_mut()) {
+        g.message.clear();
+    }
+    for c in &mut p.conditions {
+        c.message.clear();
+    }
+    p
+}
 
 /// True when the pass's actions may run alongside its status write: they are
 /// pod deletions (and Events) of a stage whose plan `old` already records.
@@ -101,6 +170,67 @@ mod tests {
         assert!(
             !status_may_trail(&old, &new, &[event]),
             "nothing to overlap without deletions"
+        );
+    }
+
+    #[test]
+    fn progress_alone_waits_for_the_next_write_after_a_recent_one() {
+        let old = stage(&["a", "b", "c"], 1, 0);
+        let new = stage(&["a", "b", "c"], 2, 5);
+        let recent = Some(Duration::from_millis(300));
+        assert_eq!(
+            when_to_write(&old, &new, &[delete()], recent),
+            StatusWrite::After(Duration::from_millis(700))
+        );
+        assert_eq!(
+            when_to_write(&old, &new, &[], recent),
+            StatusWrite::After(Duration::from_millis(700))
+        );
+        assert_eq!(
+            when_to_write(&old, &new, &[delete()], Some(PROGRESS_WRITE_INTERVAL)),
+            StatusWrite::Now,
+            "the last write is old enough"
+        );
+        assert_eq!(
+            when_to_write(&old, &new, &[delete()], None),
+            StatusWrite::Now,
+            "no write since start"
+        );
+    }
+
+    #[test]
+    fn gates_plans_and_other_actions_are_written_at_once() {
+        let old = stage(&["a", "b", "c"], 1, 0);
+        let recent = Some(Duration::from_millis(10));
+        let mut failing = stage(&["a", "b", "c"], 1, 5);
+        failing.stages[0].gates[0].status = saferollout_api::GateStatus::Failed;
+        assert_eq!(when_to_write(&old, &failing, &[], recent), StatusWrite::Now);
+        let mut soaking = stage(&["a", "b", "c"], 1, 5);
+        soaking.stages[0].gates[0].since =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(5)));
+        assert_eq!(
+            when_to_write(&old, &soaking, &[], recent),
+            StatusWrite::Now,
+            "a soak start is never deferred (deferring would restart it)"
+        );
+        let grown = stage(&["a", "b", "c", "d"], 1, 0);
+        assert_eq!(when_to_write(&old, &grown, &[], recent), StatusWrite::Now);
+        let new = stage(&["a", "b", "c"], 2, 5);
+        assert_eq!(
+            when_to_write(
+                &old,
+                &new,
+                &[Action::LabelNodes {
+                    nodes: vec!["d".into()],
+                    stage: 0
+                }],
+                recent
+            ),
+            StatusWrite::Now
+        );
+        assert_eq!(
+            when_to_write(&old, &new, &[Action::RestoreLastGood], recent),
+            StatusWrite::Now
         );
     }
 

@@ -2,6 +2,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
+
 use saferollout_operator::{controller, leader, metrics};
 use tracing_subscriber::EnvFilter;
 
@@ -58,6 +59,16 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long, env = "SAFEROLLOUT_LOG_JSON")]
     log_json: bool,
+    /// Runtime worker threads. The work is one queue of passes that mostly
+    /// wait on the API server, so a few threads suffice on any machine; each
+    /// more costs memory (a stack and, with glibc, a malloc arena of its own).
+    #[arg(long, env = "SAFEROLLOUT_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    worker_threads: u16,
+    /// How the caches get their initial state: `paged` (paginated LISTs,
+    /// then watches) or `stream` (streaming lists, Kubernetes WatchList: one
+    /// watch per cache that sends the current objects first).
+    #[arg(long, env = "SAFEROLLOUT_INITIAL_LIST", value_enum, default_value_t = controller::caches::InitialList::Paged)]
+    initial_list: controller::caches::InitialList,
 }
 
 /// This replica's name in the election: the pod name when deployed, else host and process.
@@ -68,9 +79,17 @@ fn identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(args.worker_threads))
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    controller::caches::set_initial_list(args.initial_list);
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
     if args.log_json {

@@ -93,6 +93,37 @@ where
     }
 }
 
+/// How every reflector gets its initial state (`--initial-list`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum InitialList {
+    /// A streaming list (Kubernetes WatchList, on by default since 1.32): one
+    /// watch that sends the current objects first, consistent with a quorum
+    /// read and served from the API server's watch cache. The operator
+    /// decodes and prunes one object at a time and never holds a page of
+    /// whole objects, which is what bounds its memory at start-up.
+    #[default]
+    Stream,
+    /// Paginated LISTs (500 objects a page, quorum reads), then a watch: for
+    /// API servers with the WatchList feature turned off.
+    Paged,
+}
+
+static INITIAL_LIST: std::sync::OnceLock<InitialList> = std::sync::OnceLock::new();
+
+/// Chooses the initial-list strategy of every reflector; call once, before
+/// [`start`].
+pub fn set_initial_list(strategy: InitialList) {
+    let _ = INITIAL_LIST.set(strategy);
+}
+
+/// The watcher configuration every reflector starts from.
+pub fn watch_config() -> watcher::Config {
+    match INITIAL_LIST.get().copied().unwrap_or_default() {
+        InitialList::Stream => watcher::Config::default().streaming_lists(),
+        InitialList::Paged => watcher::Config::default(),
+    }
+}
+
 /// Every cache.
 pub struct Caches {
     pub rollouts: NsStores<SafeRollout>,
@@ -278,7 +309,7 @@ pub fn start(
 ) -> Arc<Caches> {
     let (devices, device_writers) =
         super::devices::stores(device_apis, namespaces, client, metrics, triggers);
-    let pods_config = || watcher::Config::default().labels(REVISION_HASH_LABEL);
+    let pods_config = || watch_config().labels(REVISION_HASH_LABEL);
     let (nodes, nodes_writer) = reflector::store::<Node>();
     let (all_rollouts, all_rollouts_writer) = reflector::store::<SafeRollout>();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
@@ -326,7 +357,7 @@ pub fn start(
         let r = route.clone();
         reflect(
             api(client, ns),
-            watcher::Config::default(),
+            watch_config(),
             w,
             metrics,
             |_| {},
@@ -337,7 +368,7 @@ pub fn start(
         let r = route.clone();
         reflect(
             api(client, ns),
-            watcher::Config::default(),
+            watch_config(),
             w,
             metrics,
             |d: &mut DaemonSet| prune::meta(&mut d.metadata),
@@ -359,7 +390,7 @@ pub fn start(
         let r = route.clone();
         reflect(
             api(client, ns),
-            watcher::Config::default(),
+            watch_config(),
             w,
             metrics,
             |c: &mut ControllerRevision| prune::meta(&mut c.metadata),
@@ -371,7 +402,7 @@ pub fn start(
         let r = route.clone();
         reflect(
             api(client, ns),
-            watcher::Config::default().labels(saferollout_api::PROBE_REVISION_LABEL),
+            watch_config().labels(saferollout_api::PROBE_REVISION_LABEL),
             w,
             metrics,
             prune::probe_pod,
@@ -382,7 +413,7 @@ pub fn start(
     let mut fingerprints: HashMap<String, u64> = HashMap::new();
     reflect(
         Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
+        watch_config(),
         nodes_writer,
         metrics,
         prune::node,

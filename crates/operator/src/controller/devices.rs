@@ -324,7 +324,7 @@ pub fn spawn(
         let (c, t) = (caches.clone(), triggers.clone());
         let stream = watch(
             Api::<ResourceSlice>::all(client.clone()),
-            watcher::Config::default(),
+            super::caches::watch_config(),
         )
         .default_backoff()
         .modify(prune::slice)
@@ -342,7 +342,7 @@ pub fn spawn(
         let (c, t) = (caches.clone(), triggers.clone());
         let stream = watch(
             Api::<ResourceClaim>::all(client.clone()),
-            watcher::Config::default(),
+            super::caches::watch_config(),
         )
         .default_backoff()
         .modify(prune::claim)
@@ -364,7 +364,7 @@ pub fn spawn(
     if let Some((w, ar)) = writers.rules {
         let (c, t) = (caches.clone(), triggers.clone());
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        let stream = watch(api, watcher::Config::default().labels(ROLLOUT_LABEL))
+        let stream = watch(api, super::caches::watch_config().labels(ROLLOUT_LABEL))
             .default_backoff()
             .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
             .reflect(w);
@@ -383,7 +383,7 @@ pub fn spawn(
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let stream = watch(api, watcher::Config::default().labels(PROBE_LABEL))
+        let stream = watch(api, super::caches::watch_config().labels(PROBE_LABEL))
             .default_backoff()
             .modify(prune::probe)
             .reflect(w);
@@ -649,8 +649,8 @@ impl NodePods {
     async fn run(self: Arc<Self>, scope: Scope, epoch: u64) {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = match &scope {
-            Scope::Node(n) => watcher::Config::default().fields(&format!("spec.nodeName={n}")),
-            Scope::Cluster => watcher::Config::default().fields("spec.nodeName!="),
+            Scope::Node(n) => super::caches::watch_config().fields(&format!("spec.nodeName={n}")),
+            Scope::Cluster => super::caches::watch_config().fields("spec.nodeName!="),
         };
         let mut listing: Option<HashMap<String, BTreeMap<String, Arc<Pod>>>> = None;
         let mut stream = std::pin::pin!(watch(api, config).default_backoff());

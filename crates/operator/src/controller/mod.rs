@@ -33,6 +33,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use saferollout_api::{FINALIZER, LastGoodTemplate, Phase, SafeRollout, SafeRolloutStatus};
+use saferollout_core::durability;
 use saferollout_core::expectations::Expectations;
 use saferollout_core::rollout::{Action, SpecTemplate, set_stalled};
 use saferollout_core::transitions;
@@ -54,6 +55,9 @@ pub struct RolloutMemory {
     /// Resource version of our last status write: the cache can lag behind
     /// it, and deciding from an older status would redo a plan.
     pub status_version: Option<u64>,
+    /// When this replica last wrote the status (progress-only changes wait
+    /// for the next write within `PROGRESS_WRITE_INTERVAL` of it).
+    pub status_written_at: Option<Instant>,
     pub expectations: Expectations,
     /// DaemonSet (uid, generation) and spec.template hash a dry run was made
     /// for, and its answer.
@@ -208,7 +212,9 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     if !ctx.caches.is_synced() {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
+    let pass_started = Instant::now();
     let world = snapshot::dereference(sr, &ctx.caches);
+    let dereferenced = pass_started.elapsed();
     // Nothing is decided on a DaemonSet older than our own last write of it.
     if let Some(ds) = &world.ds {
         let generation = ds.metadata.generation.unwrap_or_default();
@@ -248,6 +254,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
             &mut m.expectations,
         )
     });
+    let decided = pass_started.elapsed();
     let mut new_status = decision.status;
     if let Some(b) = world.backup.as_ref().and_then(|b| {
         b.labels()
@@ -269,9 +276,26 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         .devices
         .node_pods
         .set_wants(key, devices::pods_wanted(sr, &new_status));
+    let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
+    let deferred = match durability::when_to_write(
+        &status,
+        &new_status,
+        &decision.actions,
+        since_last_write,
+    ) {
+        durability::StatusWrite::After(wait) if sr.status.is_some() && status != new_status => {
+            Some(wait)
+        }
+        _ => None,
+    };
     let trails = sr.status.is_some()
-        && saferollout_core::durability::status_may_trail(&status, &new_status, &decision.actions);
-    let to_write = new_status.clone();
+        && durability::status_may_trail(&status, &new_status, &decision.actions);
+    // A deferred write is the status as last written: nothing to send.
+    let to_write = if deferred.is_some() {
+        status.clone()
+    } else {
+        new_status.clone()
+    };
     let status_write = writes::status(sr, ctx, key, &status, &to_write);
     let record = |new_status: &SafeRolloutStatus| {
         let changes = transitions::between(&status, new_status);
@@ -356,16 +380,29 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         }
         None => acting.await,
     };
+    let acted = pass_started.elapsed();
     for action in events {
         // Never fails but for a closed fence, which the next pass reports.
         let _ = writes::perform(sr, ctx, key, &world, template_value, action).await;
     }
+    tracing::debug!(
+        target: "saferollout::pass",
+        namespace = %key.0, name = %key.1,
+        dereference_ms = dereferenced.as_secs_f64() * 1e3,
+        decide_ms = (decided - dereferenced).as_secs_f64() * 1e3,
+        write_and_act_ms = (acted - decided).as_secs_f64() * 1e3,
+        events_ms = (pass_started.elapsed() - acted).as_secs_f64() * 1e3,
+        actions = decision.actions.len(),
+        trailing = trails,
+        "pass"
+    );
     if let Some(requeue) = outcome? {
         return Ok(requeue);
     }
-    Ok(match decision.requeue_after {
-        Some(d) => Requeue::requeue(d),
-        None => Requeue::await_change(),
+    Ok(match (decision.requeue_after, deferred) {
+        (Some(d), Some(w)) => Requeue::requeue(d.min(w)),
+        (Some(d), None) | (None, Some(d)) => Requeue::requeue(d),
+        (None, None) => Requeue::await_change(),
     })
 }
 

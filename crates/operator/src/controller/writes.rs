@@ -48,8 +48,8 @@ pub fn is_failed_guard(s: &kube::core::Status) -> bool {
 /// Node label patches and pod deletions of one action in flight at once: a
 /// stage of hundreds of nodes is labelled, and a batch of maxUnavailable pods
 /// deleted, in a few round trips instead of one per node (the DaemonSet
-/// controller deletes a batch in parallel too).
-const PARALLEL_WRITES: usize = 16;
+/// controller deletes a whole batch in parallel).
+const PARALLEL_WRITES: usize = 64;
 
 fn fenced(ctx: &Context) -> Result<()> {
     if ctx.fence.is_open() {
@@ -97,7 +97,10 @@ pub async fn status(
         .resource_version
         .as_deref()
         .and_then(|v| v.parse().ok());
-    ctx.memory(key, |m| m.status_version = rv);
+    ctx.memory(key, |m| {
+        m.status_version = rv;
+        m.status_written_at = Some(std::time::Instant::now());
+    });
     Ok(true)
 }
 
