@@ -67,7 +67,7 @@ struct Args {
     /// How the caches get their initial state: `paged` (paginated LISTs,
     /// then watches) or `stream` (streaming lists, Kubernetes WatchList: one
     /// watch per cache that sends the current objects first).
-    #[arg(long, env = "SAFEROLLOUT_INITIAL_LIST", value_enum, default_value_t = controller::caches::InitialList::Paged)]
+    #[arg(long, env = "SAFEROLLOUT_INITIAL_LIST", value_enum, default_value_t = controller::caches::InitialList::default())]
     initial_list: controller::caches::InitialList,
 }
 
