@@ -13,7 +13,8 @@
 
 use std::time::Duration;
 
-use saferollout_api::SafeRolloutStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use saferollout_api::{GateResult, SafeRolloutStatus, StageStatus};
 
 use crate::rollout::Action;
 
@@ -62,26 +63,12 @@ pub fn when_to_write(
         Some(since)
             if since < PROGRESS_WRITE_INTERVAL
                 && only_deletions
-                && progress_free(old) == progress_free(new) =>
+                && same_but_progress(old, new, Gates::ButMessages) =>
         {
             StatusWrite::After(PROGRESS_WRITE_INTERVAL - since)
         }
         _ => StatusWrite::Now,
     }
-}
-
-/// The status without its progress and messages.
-fn progress_free(st: &SafeRolloutStatus) -> SafeRolloutStatus {
-    let mut p = st.clone();
-    p.progress = None;
-    p.message = None;
-    for g in p.stages.iter_mut().flat_map(|s| s.gates.iter_mut()) {
-        g.message.clear();
-    }
-    for c in &mut p.conditions {
-        c.message.clear();
-    }
-    p
 }
 
 /// True when the pass's actions may run alongside its status write: they are
@@ -97,21 +84,152 @@ pub fn status_may_trail(
         && actions
             .iter()
             .any(|a| matches!(a, Action::DeletePods { .. }));
-    deletes_only && plan(old) == plan(new)
+    deletes_only && same_but_progress(old, new, Gates::Ignored)
 }
 
-/// The status without what only says how far a stage got.
-fn plan(st: &SafeRolloutStatus) -> SafeRolloutStatus {
-    let mut p = st.clone();
-    p.progress = None;
-    p.message = None;
-    for s in &mut p.stages {
-        s.gates.clear();
-    }
-    for c in &mut p.conditions {
-        c.message.clear();
-    }
-    p
+/// How [`same_but_progress`] compares the gates' results.
+#[derive(Clone, Copy)]
+enum Gates {
+    /// Everything but their messages.
+    ButMessages,
+    /// Not at all.
+    Ignored,
+}
+
+/// `old` and `new` are the same but for the progress, the messages (the
+/// status's and the conditions') and, as `gates` says, the gates.
+///
+/// Compared field by field rather than on stripped copies: a pass makes this
+/// comparison twice, and a copy of a status that lists every node of a
+/// thousand-node plan with its baseline costs more than the decision. The
+/// destructuring names every field, so a field added to the status is
+/// compared (or deliberately ignored) here before this compiles.
+fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Gates) -> bool {
+    let SafeRolloutStatus {
+        observed_generation,
+        phase,
+        phase_transition_time,
+        conditions,
+        stable_revision,
+        target_revision,
+        blocked_revisions,
+        current_stage,
+        stages,
+        last_good_template,
+        original_update_strategy,
+        progress: _,
+        applied_template,
+        converging_nodes,
+        stuck_nodes,
+        preflight,
+        stopped,
+        last_retry,
+        message: _,
+    } = old;
+    *observed_generation == new.observed_generation
+        && *phase == new.phase
+        && *phase_transition_time == new.phase_transition_time
+        && conditions.len() == new.conditions.len()
+        && conditions
+            .iter()
+            .zip(&new.conditions)
+            .all(|(a, b)| same_but_message(a, b))
+        && *stable_revision == new.stable_revision
+        && *target_revision == new.target_revision
+        && *blocked_revisions == new.blocked_revisions
+        && *current_stage == new.current_stage
+        && stages.len() == new.stages.len()
+        && stages
+            .iter()
+            .zip(&new.stages)
+            .all(|(a, b)| same_stage(a, b, gates))
+        && *last_good_template == new.last_good_template
+        && *original_update_strategy == new.original_update_strategy
+        && *applied_template == new.applied_template
+        && *converging_nodes == new.converging_nodes
+        && *stuck_nodes == new.stuck_nodes
+        && *preflight == new.preflight
+        && *stopped == new.stopped
+        && *last_retry == new.last_retry
+}
+
+fn same_but_message(old: &Condition, new: &Condition) -> bool {
+    let Condition {
+        last_transition_time,
+        message: _,
+        observed_generation,
+        reason,
+        status,
+        type_,
+    } = old;
+    *last_transition_time == new.last_transition_time
+        && *observed_generation == new.observed_generation
+        && *reason == new.reason
+        && *status == new.status
+        && *type_ == new.type_
+}
+
+fn same_stage(old: &StageStatus, new: &StageStatus, gates: Gates) -> bool {
+    let StageStatus {
+        index,
+        nodes,
+        state,
+        started_at,
+        verified_at,
+        finished_at,
+        gates: old_gates,
+        baseline,
+        skipped,
+        failed_nodes,
+        device_baseline,
+        probed,
+        probes,
+    } = old;
+    let same_gates = match gates {
+        Gates::Ignored => true,
+        Gates::ButMessages => {
+            old_gates.len() == new.gates.len()
+                && old_gates
+                    .iter()
+                    .zip(&new.gates)
+                    .all(|(a, b)| same_gate_but_message(a, b))
+        }
+    };
+    same_gates
+        && *index == new.index
+        && *nodes == new.nodes
+        && *state == new.state
+        && *started_at == new.started_at
+        && *verified_at == new.verified_at
+        && *finished_at == new.finished_at
+        && *baseline == new.baseline
+        && *skipped == new.skipped
+        && *failed_nodes == new.failed_nodes
+        && *device_baseline == new.device_baseline
+        && *probed == new.probed
+        && *probes == new.probes
+}
+
+fn same_gate_but_message(old: &GateResult, new: &GateResult) -> bool {
+    let GateResult {
+        gate,
+        status,
+        reason,
+        message: _,
+        node,
+        observed,
+        expected,
+        since,
+        measurements,
+    } = old;
+    *gate == new.gate
+        && *status == new.status
+        && *reason == new.reason
+        && *node == new.node
+        && *observed == new.observed
+        && *expected == new.expected
+        && *since == new.since
+        && *measurements == new.measurements
 }
 
 #[cfg(test)]
@@ -153,6 +271,99 @@ mod tests {
                 last_progress_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(at)),
             }),
             ..Default::default()
+        }
+    }
+
+    /// The stripped copies the field-by-field comparison replaced: the
+    /// reference it must agree with.
+    fn stripped(st: &SafeRolloutStatus, gates: Gates) -> SafeRolloutStatus {
+        let mut p = st.clone();
+        p.progress = None;
+        p.message = None;
+        for s in &mut p.stages {
+            match gates {
+                Gates::Ignored => s.gates.clear(),
+                Gates::ButMessages => s.gates.iter_mut().for_each(|g| g.message.clear()),
+            }
+        }
+        for c in &mut p.conditions {
+            c.message.clear();
+        }
+        p
+    }
+
+    #[test]
+    fn comparing_field_by_field_agrees_with_comparing_stripped_copies() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let mut base = stage(&["a", "b", "c"], 1, 0);
+        base.conditions = vec![Condition {
+            type_: "Progressing".into(),
+            status: "True".into(),
+            reason: "Rolling".into(),
+            message: "stage 1".into(),
+            last_transition_time: Time(ts(0)),
+            observed_generation: Some(1),
+        }];
+        base.stages[0]
+            .baseline
+            .insert("a".into(), [("example.com/gpu".to_string(), 8)].into());
+        type Change = (&'static str, fn(&mut SafeRolloutStatus));
+        let changes: Vec<Change> = vec![
+            ("nothing", |_| {}),
+            ("progress", |s| s.progress.as_mut().unwrap().nodes += 1),
+            ("message", |s| s.message = Some("m".into())),
+            ("gate message", |s| {
+                s.stages[0].gates[0].message = "x".into()
+            }),
+            ("gate status", |s| {
+                s.stages[0].gates[0].status = saferollout_api::GateStatus::Passed
+            }),
+            ("gate soak start", |s| {
+                s.stages[0].gates[0].since = Some(Time(ts(9)))
+            }),
+            ("gate added", |s| {
+                s.stages[0].gates.push(GateResult::default())
+            }),
+            ("condition message", |s| {
+                s.conditions[0].message = "y".into()
+            }),
+            ("condition status", |s| {
+                s.conditions[0].status = "False".into()
+            }),
+            ("condition time", |s| {
+                s.conditions[0].last_transition_time = Time(ts(5))
+            }),
+            ("stage nodes", |s| s.stages[0].nodes.push("d".into())),
+            ("baseline", |s| {
+                s.stages[0]
+                    .baseline
+                    .get_mut("a")
+                    .unwrap()
+                    .insert("x/y".into(), 1);
+            }),
+            ("stage state", |s| {
+                s.stages[0].state = saferollout_api::StageState::Verifying
+            }),
+            ("stage added", |s| s.stages.push(StageStatus::default())),
+            ("phase", |s| {
+                s.phase = Some(saferollout_api::Phase::Degraded)
+            }),
+            ("stable revision", |s| {
+                s.stable_revision = Some("old".into())
+            }),
+            ("converging", |s| s.converging_nodes.push("a".into())),
+            ("current stage", |s| s.current_stage = Some(1)),
+        ];
+        for (what, change) in changes {
+            let mut new = base.clone();
+            change(&mut new);
+            for gates in [Gates::ButMessages, Gates::Ignored] {
+                assert_eq!(
+                    same_but_progress(&base, &new, gates),
+                    stripped(&base, gates) == stripped(&new, gates),
+                    "{what}"
+                );
+            }
         }
     }
 

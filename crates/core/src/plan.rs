@@ -62,6 +62,15 @@ impl CanarySelector {
     }
 }
 
+/// How many nodes [`candidates`] gives, without building them.
+pub fn candidate_count(nodes: &NodesByName, pods: &PodsByNode, placement: &Placement) -> usize {
+    nodes
+        .values()
+        .filter(|n| live_pods(pods, n.name).next().is_some())
+        .filter(|n| eligibility(n, placement).is_eligible())
+        .count()
+}
+
 /// The nodes a stage may take: every node whose agent the operator may
 /// replace now (see [`crate::eligibility`]) and that runs a live agent pod,
 /// sorted by name. A node where the DaemonSet has no pod yet is not a
@@ -192,6 +201,53 @@ mod tests {
 
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_candidate_count_is_the_number_of_candidates() {
+        use crate::views::{AgentPod, NodeView, pods_by_node};
+        use k8s_openapi::api::core::v1::Taint;
+        let labels = BTreeMap::new();
+        let taints = [Taint {
+            key: "example.com/dedicated".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }];
+        let alloc = BTreeMap::new();
+        let view = |name, tainted: bool| NodeView {
+            name,
+            labels: &labels,
+            ready: true,
+            taints: if tainted { &taints[..] } else { &[] },
+            allocatable: &alloc,
+        };
+        // With a pod, without one, with only a terminating one, tainted.
+        let nodes: NodesByName = [
+            view("n1", false),
+            view("n2", false),
+            view("n3", false),
+            view("n4", true),
+        ]
+        .into_iter()
+        .map(|v| (v.name, v))
+        .collect();
+        let pod = |node, deleting| AgentPod {
+            name: node,
+            node,
+            revision: "old",
+            running: true,
+            ready: true,
+            deleting,
+            ..Default::default()
+        };
+        let pods = pods_by_node([pod("n1", false), pod("n3", true), pod("n4", false)]);
+        let placement = Placement::default();
+        let all = candidates(&nodes, &pods, &placement, &CanarySelector::Any, "new");
+        assert_eq!(
+            all.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["n1"]
+        );
+        assert_eq!(candidate_count(&nodes, &pods, &placement), all.len());
     }
 
     #[test]

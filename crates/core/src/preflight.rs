@@ -204,7 +204,7 @@ mod tests {
             json!({"containers": [{"name": "c", "image": "x"}]}),
             json!({"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2, "numberMisscheduled": 0}),
         );
-        let p = check("r", &d, &PodsByNode::new(), &[], &[], &[], None);
+        let p = check("r", &d, &PodsByNode::default(), &[], &[], &[], None);
         assert!(!p.passed);
         assert!(codes(&p).contains(&"SR401"));
     }
@@ -262,7 +262,7 @@ mod tests {
         let p = check(
             "r",
             &d,
-            &PodsByNode::new(),
+            &PodsByNode::default(),
             &[],
             &[],
             &[],
@@ -306,7 +306,7 @@ mod label_tests {
             ..Default::default()
         };
         let labels = ["nvidia.com/gpu.count".to_string()];
-        let p = check("r", &d, &PodsByNode::new(), &[node], &[], &labels, None);
+        let p = check("r", &d, &PodsByNode::default(), &[node], &[], &labels, None);
         assert!(
             p.findings
                 .iter()

@@ -3,7 +3,7 @@
 //! a test model), so building a snapshot of thousands of nodes copies no
 //! labels, taints or quantities.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{Affinity, Node, Pod, PodSpec, Taint, Toleration};
@@ -203,20 +203,94 @@ impl<'a> DaemonSetView<'a> {
     }
 }
 
-/// Agent pods by node name.
-pub type PodsByNode<'a> = BTreeMap<&'a str, Vec<AgentPod<'a>>>;
+/// Agent pods by node name. Only ever looked up by node (a pass looks up
+/// every node's pods several times), never iterated in an order that matters,
+/// so a hash map with a fixed-seed fast hasher: deterministic, and one hash
+/// instead of a dozen string comparisons per lookup at thousands of nodes.
+pub type PodsByNode<'a> = HashMap<&'a str, Vec<AgentPod<'a>>, foldhash::fast::FixedState>;
 
 /// Groups pods by their node.
 pub fn pods_by_node<'a>(pods: impl IntoIterator<Item = AgentPod<'a>>) -> PodsByNode<'a> {
-    let mut out: PodsByNode<'a> = BTreeMap::new();
+    let mut out = PodsByNode::default();
     for p in pods {
         out.entry(p.node).or_default().push(p);
     }
     out
 }
 
-/// Nodes by name.
-pub type NodesByName<'a> = BTreeMap<&'a str, NodeView<'a>>;
+/// Every node of a snapshot: iterated in name order (plans and deletions
+/// take nodes in that order, so the same snapshot always gives the same
+/// decision), looked up by name through a hash index (a pass looks up every
+/// node several times; in a sorted map each lookup is a dozen string
+/// comparisons of names that share long prefixes).
+#[derive(Debug, Clone, Default)]
+pub struct NodesByName<'a> {
+    /// Sorted by name, one view per name.
+    sorted: Vec<NodeView<'a>>,
+    index: HashMap<&'a str, usize, foldhash::fast::FixedState>,
+}
+
+impl<'a> NodesByName<'a> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&NodeView<'a>> {
+        self.index.get(name).map(|&i| &self.sorted[i])
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The views, in name order.
+    pub fn values(&self) -> std::slice::Iter<'_, NodeView<'a>> {
+        self.sorted.iter()
+    }
+
+    /// The names, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.sorted.iter().map(|v| v.name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+}
+
+impl<'a> FromIterator<(&'a str, NodeView<'a>)> for NodesByName<'a> {
+    /// A name given twice keeps its last view, as a map's insert would.
+    fn from_iter<I: IntoIterator<Item = (&'a str, NodeView<'a>)>>(iter: I) -> Self {
+        let mut sorted: Vec<NodeView<'a>> = iter
+            .into_iter()
+            .map(|(name, view)| NodeView { name, ..view })
+            .collect();
+        // Stable: of equal names the last stays last, and dedup keeps it below.
+        sorted.sort_by(|a, b| a.name.cmp(b.name));
+        sorted.reverse();
+        sorted.dedup_by(|later, earlier| later.name == earlier.name);
+        sorted.reverse();
+        let index = sorted
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.name, i))
+            .collect();
+        NodesByName { sorted, index }
+    }
+}
+
+impl<'a> std::ops::Index<&str> for NodesByName<'a> {
+    type Output = NodeView<'a>;
+
+    fn index(&self, name: &str) -> &NodeView<'a> {
+        self.get(name)
+            .unwrap_or_else(|| panic!("no node {name} in the snapshot"))
+    }
+}
 
 /// The live (not terminating) pods on `node`.
 pub fn live_pods<'p, 'a>(
@@ -252,6 +326,33 @@ mod tests {
         assert_eq!(v.restarts, 3);
         let unscheduled: Pod = serde_json::from_value(json!({"metadata": {"name": "q"}})).unwrap();
         assert!(AgentPod::of(&unscheduled).is_none());
+    }
+
+    #[test]
+    fn nodes_by_name_iterate_in_name_order_and_keep_the_last_view_of_a_name() {
+        let labels = BTreeMap::new();
+        let view = |name, ready| NodeView {
+            name,
+            labels: &labels,
+            ready,
+            taints: &[],
+            allocatable: &NO_QUANTITIES,
+        };
+        let nodes: NodesByName = [
+            view("n3", true),
+            view("n1", true),
+            view("n2", false),
+            view("n1", false),
+        ]
+        .into_iter()
+        .map(|v| (v.name, v))
+        .collect();
+        assert_eq!(nodes.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
+        assert_eq!(nodes.len(), 3);
+        assert!(!nodes["n1"].ready, "the later view of n1");
+        assert!(nodes.contains_key("n3") && !nodes.contains_key("n4"));
+        assert!(nodes.get("n4").is_none());
+        assert!(NodesByName::new().is_empty());
     }
 
     #[test]

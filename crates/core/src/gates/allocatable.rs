@@ -69,7 +69,7 @@ fn observe(gate: &AllocatableGate, min: &Bound, max: &Bound, snap: &Snapshot) ->
             continue;
         }
         let observed = view.allocatable_count(res);
-        let recorded = snap.baseline.get(node).and_then(|b| b.get(res)).copied();
+        let recorded = snap.baseline(node).and_then(|b| b.get(res)).copied();
         let label = |key: &str| view.label(key).and_then(count_of);
         // A baseline of 0 means nothing was advertised before: no floor or ceiling from it.
         let (floor, ceiling) = match recorded {

@@ -45,9 +45,9 @@ pub struct Snapshot<'a> {
     pub pods: &'a PodsByNode<'a>,
     pub node_views: &'a NodesByName<'a>,
     pub target_revision: &'a str,
-    /// Per node, per resource: allocatable captured before the stage touched
-    /// the node (absent for a node that joined the rollout on its own).
-    pub baseline: &'a BTreeMap<String, BTreeMap<String, i64>>,
+    /// The baselines of the rollout's stages so far, in stage order (see
+    /// [`Snapshot::baseline`]).
+    pub baselines: &'a [&'a BTreeMap<String, BTreeMap<String, i64>>],
     /// How long the rollout has gone without progress.
     pub without_progress: Duration,
     /// `spec.progressDeadline`.
@@ -69,6 +69,13 @@ impl<'a> Snapshot<'a> {
             .get(node)?
             .iter()
             .find(|p| !p.deleting && p.revision == self.target_revision)
+    }
+
+    /// Per resource: the allocatable of `node` captured before the stage
+    /// touched it (`None` for a node that joined the rollout on its own). A
+    /// node is in one stage; were it in two, the later stage's record counts.
+    pub fn baseline(&self, node: &str) -> Option<&'a BTreeMap<String, i64>> {
+        self.baselines.iter().rev().find_map(|b| b.get(node))
     }
 
     pub fn node(&self, name: &str) -> Option<&'a NodeView<'a>> {
@@ -374,12 +381,13 @@ pub(crate) mod test_support {
                 .map(String::as_str)
                 .filter(|n| self.node_states.contains_key(*n))
                 .collect();
+            let baselines = [&self.baseline];
             let snap = Snapshot {
                 nodes: &nodes,
                 pods: &pods,
                 node_views: &node_views,
                 target_revision: "new",
-                baseline: &self.baseline,
+                baselines: &baselines,
                 without_progress: self.without_progress,
                 progress_deadline: Duration::from_secs(600),
                 evidence,

@@ -645,7 +645,7 @@ impl Model {
             .values()
             .map(|n| (n.name.as_str(), node_view(n)))
             .collect();
-        let mut pods: PodsByNode = BTreeMap::new();
+        let mut pods = PodsByNode::default();
         for p in pods_c.pods.values() {
             pods.entry(p.node.as_str()).or_default().push(pod_view(p));
         }

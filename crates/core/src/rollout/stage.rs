@@ -35,6 +35,9 @@ use crate::gates::{self, Snapshot, Verdict, elapsed};
 use crate::plan::{self, PlanError};
 use crate::views::{DaemonSetView, live_pods};
 
+/// One stage's baselines: per node, per resource, the allocatable before the stage.
+type Baseline = BTreeMap<String, BTreeMap<String, i64>>;
+
 /// Take `target` through the stages.
 pub(super) fn roll(
     o: &Observed,
@@ -74,14 +77,20 @@ pub(super) fn roll(
     // (Borrowed from the snapshot, not from status, which changes below.)
     let rollout_nodes: Vec<&str> = held_nodes(st, index)
         .into_iter()
-        .filter_map(|n| o.nodes.get_key_value(n).map(|(k, _)| *k))
+        .filter_map(|n| o.nodes.get(n).map(|v| v.name))
         .collect();
-    let baseline: BTreeMap<String, BTreeMap<String, i64>> = st
+    // The stages' baselines leave the status while the gates read them and
+    // go back right after (the gates write into the status meanwhile): a
+    // copy of every node's baseline on each pass costs more, at thousands of
+    // nodes, than judging them.
+    let taken_baselines: Vec<(usize, Baseline)> = st
         .stages
-        .iter()
-        .filter(|s| s.index as usize <= index)
-        .flat_map(|s| s.baseline.clone())
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, s)| s.index as usize <= index)
+        .map(|(i, s)| (i, std::mem::take(&mut s.baseline)))
         .collect();
+    let baselines: Vec<&Baseline> = taken_baselines.iter().map(|(_, b)| b).collect();
     let device_baseline: BTreeMap<String, NodeDevices> = st
         .stages
         .iter()
@@ -115,7 +124,7 @@ pub(super) fn roll(
         pods: o.pods,
         node_views: o.nodes,
         target_revision: target,
-        baseline: &baseline,
+        baselines: &baselines,
         without_progress,
         progress_deadline: deadline,
         evidence: o.evidence,
@@ -144,6 +153,9 @@ pub(super) fn roll(
     }
     st.stages[stage_pos].gates = verdicts.iter().map(|v| v.result.clone()).collect();
     devices::record_probes(o, &snapshot, &mut st.stages[stage_pos]);
+    for (i, baseline) in taken_baselines {
+        st.stages[i].baseline = baseline;
+    }
 
     let aborted = (o.requests.abort == Some(target)).then(|| GateResult {
         gate: "manual".into(),
@@ -348,12 +360,15 @@ fn reconcile_membership(
             .as_ref()
             .and_then(|c| c.node_selector.as_ref()),
     );
-    let candidates = plan::candidates(o.nodes, o.pods, placement, &canary, target);
-    let wanted = resolve_count(&stage_spec.nodes, candidates.len(), true).unwrap_or(1);
-    let size = plan::cumulative_target(wanted, candidates.len());
+    // Counted first: most passes find the stage planned already, and only a
+    // stage still to fill needs each candidate's zone and canary match.
+    let candidate_count = plan::candidate_count(o.nodes, o.pods, placement);
+    let wanted = resolve_count(&stage_spec.nodes, candidate_count, true).unwrap_or(1);
+    let size = plan::cumulative_target(wanted, candidate_count);
     held.extend(joiners.iter().cloned());
     let mut planned = Vec::new();
     if held.len() < size {
+        let candidates = plan::candidates(o.nodes, o.pods, placement, &canary, target);
         planned = plan::plan_stage(&candidates, &held, size, index == 0)?;
         planned.retain(|n| !held.contains(n));
     } else if held.is_empty() {

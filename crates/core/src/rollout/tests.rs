@@ -686,7 +686,7 @@ fn abort_reverts_at_once_and_blocks_the_revision() {
 #[test]
 fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
     let m = Model::new(1);
-    let pods = crate::views::PodsByNode::new();
+    let pods = crate::views::PodsByNode::default();
     let nodes = crate::views::NodesByName::new();
     let base = Observed {
         spec: &m.spec,

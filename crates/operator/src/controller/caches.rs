@@ -378,13 +378,14 @@ pub fn start(
     }
     for (ns, w) in writers.pods {
         let r = route.clone();
+        let mut fingerprints: HashMap<String, u64> = HashMap::new();
         reflect(
             api(client, ns),
             pods_config(),
             w,
             metrics,
             prune::pod,
-            move |ev| r.pod_event(ev),
+            move |ev| r.pod_event(ev, &mut fingerprints),
         );
     }
     for (ns, w) in writers.revisions {
@@ -574,15 +575,34 @@ impl Router {
         }
     }
 
-    fn pod_event(&self, ev: &Event<Pod>) {
+    /// Agent pods change several times per replacement (scheduled, started,
+    /// Ready, its conditions' timestamps): only a change of what decisions
+    /// read wakes the SafeRollouts targeting its DaemonSet, so one replacement
+    /// does not queue passes that would decide the same thing again.
+    fn pod_event(&self, ev: &Event<Pod>, fingerprints: &mut HashMap<String, u64>) {
+        let wake = |p: &Pod| {
+            if let Some(owner) = p.owner_references().iter().find(|o| o.kind == "DaemonSet") {
+                self.targeting(p.namespace().as_deref(), &owner.name);
+            }
+        };
         match ev {
-            Event::Apply(p) | Event::Delete(p) => {
-                if let Some(owner) = p.owner_references().iter().find(|o| o.kind == "DaemonSet") {
-                    self.targeting(p.namespace().as_deref(), &owner.name);
+            Event::Apply(p) => {
+                let fp = pod_fingerprint(p);
+                let before = fingerprints.insert(pod_key(p), fp);
+                // A pod not yet scheduled is in no decision (see AgentPod::of).
+                if before != Some(fp) && !(before.is_none() && fp == UNSCHEDULED) {
+                    wake(p);
                 }
             }
+            Event::Delete(p) => {
+                fingerprints.remove(&pod_key(p));
+                wake(p);
+            }
+            Event::InitApply(p) => {
+                fingerprints.insert(pod_key(p), pod_fingerprint(p));
+            }
+            Event::Init => fingerprints.clear(),
             Event::InitDone => self.all_in(None),
-            Event::Init | Event::InitApply(_) => {}
         }
     }
 
@@ -654,6 +674,61 @@ impl Router {
     }
 }
 
+/// A pod by UID (a pod recreated under the same name is another pod).
+fn pod_key(p: &Pod) -> String {
+    p.metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+}
+
+/// The fingerprint of every pod not bound to a node yet.
+const UNSCHEDULED: u64 = 0;
+
+/// What of an agent pod decisions read: identity, labels and owner, node,
+/// deletion, phase, readiness and the containers' states (the pod views of
+/// `saferollout_core::views::AgentPod`, and the start times the logs gate
+/// reads). Not its resourceVersion, nor timestamps only kubelets look at.
+fn pod_fingerprint(p: &Pod) -> u64 {
+    use std::hash::Hasher;
+    let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
+        return UNSCHEDULED;
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.hash(&mut h);
+    p.metadata.name.hash(&mut h);
+    p.metadata.uid.hash(&mut h);
+    p.metadata.labels.hash(&mut h);
+    p.metadata.deletion_timestamp.is_some().hash(&mut h);
+    for o in p.metadata.owner_references.iter().flatten() {
+        (&o.kind, &o.name, &o.uid).hash(&mut h);
+    }
+    if let Some(st) = &p.status {
+        st.phase.hash(&mut h);
+        st.start_time.as_ref().map(|t| t.0).hash(&mut h);
+        for c in st.conditions.iter().flatten() {
+            (&c.type_, &c.status).hash(&mut h);
+        }
+        for c in st.container_statuses.iter().flatten() {
+            (&c.name, c.ready, c.restart_count, c.started).hash(&mut h);
+            let state = c.state.as_ref();
+            let waiting = state.and_then(|s| s.waiting.as_ref());
+            (
+                waiting.map(|w| (&w.reason, &w.message)),
+                state
+                    .and_then(|s| s.running.as_ref())
+                    .map(|r| r.started_at.as_ref().map(|t| t.0)),
+                state
+                    .and_then(|s| s.terminated.as_ref())
+                    .map(|t| (&t.reason, t.exit_code)),
+            )
+                .hash(&mut h);
+        }
+    }
+    // Never collides with the unscheduled marker.
+    h.finish().max(UNSCHEDULED + 1)
+}
+
 /// What of a node decisions read: labels, taints, readiness, allocatable.
 fn node_fingerprint(n: &Node) -> u64 {
     use std::hash::Hasher;
@@ -703,6 +778,46 @@ mod tests {
             node_fingerprint(&node("True", "2026-01-01T00:00:00Z")),
             node_fingerprint(&node("False", "2026-01-01T00:00:00Z"))
         );
+    }
+
+    #[test]
+    fn a_pod_fingerprint_moves_with_what_decisions_read_only() {
+        let pod = |node: Option<&str>, ready: &str, rv: &str, probe: &str| -> Pod {
+            let mut v = json!({"metadata": {"name": "p", "uid": "u", "resourceVersion": rv,
+                    "labels": {"controller-revision-hash": "r"}},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "conditions": [
+                    {"type": "Ready", "status": ready, "lastProbeTime": probe}]}});
+            if let Some(n) = node {
+                v["spec"]["nodeName"] = json!(n);
+            }
+            let mut p: Pod = serde_json::from_value(v).unwrap();
+            prune::pod(&mut p);
+            p
+        };
+        let base = pod_fingerprint(&pod(Some("n1"), "True", "1", "2026-01-01T00:00:00Z"));
+        assert_eq!(
+            base,
+            pod_fingerprint(&pod(Some("n1"), "True", "2", "2026-01-01T00:00:09Z")),
+            "a new resourceVersion or probe time alone is no change"
+        );
+        assert_ne!(
+            base,
+            pod_fingerprint(&pod(Some("n1"), "False", "2", "2026-01-01T00:00:00Z"))
+        );
+        assert_ne!(
+            base,
+            pod_fingerprint(&pod(Some("n2"), "True", "1", "2026-01-01T00:00:00Z"))
+        );
+        assert_eq!(
+            pod_fingerprint(&pod(None, "False", "1", "2026-01-01T00:00:00Z")),
+            UNSCHEDULED
+        );
+        let mut deleting = pod(Some("n1"), "True", "1", "2026-01-01T00:00:00Z");
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        assert_ne!(base, pod_fingerprint(&deleting));
     }
 
     #[test]

@@ -222,14 +222,15 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
             return Ok(Requeue::requeue(Duration::from_millis(200)));
         }
     }
-    let status = sr.status.clone().unwrap_or_default();
+    let no_status = SafeRolloutStatus::default();
+    let status = sr.status.as_ref().unwrap_or(&no_status);
     let now = Timestamp::now();
     let spec_template = match spec_template_state(sr, ctx, key, &world).await {
         Ok(t) => t,
-        Err(msg) => return report_invalid_template(sr, ctx, key, &status, msg, now).await,
+        Err(msg) => return report_invalid_template(sr, ctx, key, status, msg, now).await,
     };
-    let preflight = run_preflight(sr, ctx, &world, &status).await;
-    let proof = proof::gather(sr, ctx, key, &status, &world, now).await;
+    let preflight = run_preflight(sr, ctx, &world, status).await;
+    let proof = proof::gather(sr, ctx, key, status, &world, now).await;
     let id = ctx.rollout_id(key);
     let device_evidence = world.devices.evidence();
     let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&proof);
@@ -237,7 +238,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     let (decision, nodes) = ctx.memory(key, |m| {
         snapshot::decide(
             sr,
-            &status,
+            status,
             &world,
             Extras {
                 spec_template: spec_template
@@ -277,28 +278,26 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         .node_pods
         .set_wants(key, devices::pods_wanted(sr, &new_status));
     let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
-    let deferred = match durability::when_to_write(
-        &status,
-        &new_status,
-        &decision.actions,
-        since_last_write,
-    ) {
-        durability::StatusWrite::After(wait) if sr.status.is_some() && status != new_status => {
-            Some(wait)
-        }
-        _ => None,
-    };
-    let trails = sr.status.is_some()
-        && durability::status_may_trail(&status, &new_status, &decision.actions);
+    let deferred =
+        match durability::when_to_write(status, &new_status, &decision.actions, since_last_write) {
+            durability::StatusWrite::After(wait)
+                if sr.status.is_some() && *status != new_status =>
+            {
+                Some(wait)
+            }
+            _ => None,
+        };
+    let trails =
+        sr.status.is_some() && durability::status_may_trail(status, &new_status, &decision.actions);
     // A deferred write is the status as last written: nothing to send.
     let to_write = if deferred.is_some() {
-        status.clone()
+        std::borrow::Cow::Borrowed(status)
     } else {
-        new_status.clone()
+        std::borrow::Cow::Owned(new_status.clone())
     };
-    let status_write = writes::status(sr, ctx, key, &status, &to_write);
+    let status_write = writes::status(sr, ctx, key, status, &to_write);
     let record = |new_status: &SafeRolloutStatus| {
-        let changes = transitions::between(&status, new_status);
+        let changes = transitions::between(status, new_status);
         ctx.metrics.record_transitions(&key.0, &key.1, &changes);
         ctx.metrics.observe_status(
             &key.0,
@@ -315,7 +314,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     let mut trailing = None;
     let changes = if trails {
         trailing = Some(status_write);
-        transitions::between(&status, &new_status)
+        transitions::between(status, &new_status)
     } else {
         status_write.await?;
         record(&new_status)
