@@ -16,13 +16,14 @@
 //! 8. a stage whose gates all passed on all its nodes soaks, waits for its
 //!    approval, then the next stage starts, or the rollout is done.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{
     ABORT_ANNOTATION, BlockedRevision, GateResult, GateStatus, NodeDevices, NodeNote, OnFailure,
-    Phase, PreflightPolicy, SafeRolloutStatus, Stage, StageState, StageStatus, resolve_count,
+    Phase, PreflightPolicy, ROLLOUT_LABEL, STAGE_LABEL, SafeRolloutStatus, Stage, StageState,
+    StageStatus, resolve_count,
 };
 
 use super::{
@@ -440,28 +441,46 @@ fn reconcile_membership(
 }
 
 /// Makes exactly the nodes the stages hold carry this rollout's labels.
+///
+/// Runs on every pass over every node the stages hold: hash lookups, and the
+/// stages' own (sorted) node lists give the order, rather than sorted maps
+/// of every node rebuilt per pass.
 fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, index: usize) {
-    let mut desired: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in st.stages.iter().filter(|s| s.index as usize <= index) {
+    let held = || st.stages.iter().filter(|s| s.index as usize <= index);
+    // A node listed by two stages belongs to the later one.
+    let mut desired: HashMap<&str, usize, foldhash::fast::FixedState> = HashMap::default();
+    for s in held() {
         for n in &s.nodes {
             desired.insert(n, s.index as usize);
         }
     }
-    let labelled = labelled_nodes(o);
     let mut by_stage: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for (node, stage) in &desired {
+    for s in held() {
+        let stage = s.index as usize;
         let want = stage.to_string();
-        if labelled.get(node) != Some(&Some(want.as_str())) && o.nodes.contains_key(node) {
-            by_stage.entry(*stage).or_default().push(node.to_string());
+        for n in &s.nodes {
+            if desired.get(n.as_str()) != Some(&stage) {
+                continue;
+            }
+            let Some(view) = o.nodes.get(n) else { continue };
+            let labelled = view.label(ROLLOUT_LABEL) == Some(o.rollout_id)
+                && view.label(STAGE_LABEL) == Some(want.as_str());
+            if !labelled {
+                by_stage.entry(stage).or_default().push(n.clone());
+            }
         }
     }
-    for (stage, nodes) in by_stage {
+    for (stage, mut nodes) in by_stage {
+        nodes.sort();
+        nodes.dedup();
         actions.push(Action::LabelNodes { nodes, stage });
     }
-    let extra: Vec<String> = labelled
-        .keys()
-        .filter(|n| !desired.contains_key(*n))
-        .map(|n| n.to_string())
+    let extra: Vec<String> = o
+        .nodes
+        .values()
+        .filter(|n| n.label(ROLLOUT_LABEL) == Some(o.rollout_id))
+        .filter(|n| !desired.contains_key(n.name))
+        .map(|n| n.name.to_string())
         .collect();
     if !extra.is_empty() {
         actions.push(Action::UnlabelNodes { nodes: extra });
