@@ -129,20 +129,12 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
     *observed_generation == new.observed_generation
         && *phase == new.phase
         && *phase_transition_time == new.phase_transition_time
-        && conditions.len() == new.conditions.len()
-        && conditions
-            .iter()
-            .zip(&new.conditions)
-            .all(|(a, b)| same_but_message(a, b))
+        && pairwise(conditions, &new.conditions, same_but_message)
         && *stable_revision == new.stable_revision
         && *target_revision == new.target_revision
         && *blocked_revisions == new.blocked_revisions
         && *current_stage == new.current_stage
-        && stages.len() == new.stages.len()
-        && stages
-            .iter()
-            .zip(&new.stages)
-            .all(|(a, b)| same_stage(a, b, gates))
+        && pairwise(stages, &new.stages, |a, b| same_stage(a, b, gates))
         && *last_good_template == new.last_good_template
         && *original_update_strategy == new.original_update_strategy
         && *applied_template == new.applied_template
@@ -151,6 +143,11 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         && *preflight == new.preflight
         && *stopped == new.stopped
         && *last_retry == new.last_retry
+}
+
+/// Both lists have the same length and `same` holds for each pair.
+fn pairwise<T>(old: &[T], new: &[T], same: impl Fn(&T, &T) -> bool) -> bool {
+    old.len() == new.len() && old.iter().zip(new).all(|(a, b)| same(a, b))
 }
 
 fn same_but_message(old: &Condition, new: &Condition) -> bool {
@@ -187,13 +184,7 @@ fn same_stage(old: &StageStatus, new: &StageStatus, gates: Gates) -> bool {
     } = old;
     let same_gates = match gates {
         Gates::Ignored => true,
-        Gates::ButMessages => {
-            old_gates.len() == new.gates.len()
-                && old_gates
-                    .iter()
-                    .zip(&new.gates)
-                    .all(|(a, b)| same_gate_but_message(a, b))
-        }
+        Gates::ButMessages => pairwise(old_gates, &new.gates, same_gate_but_message),
     };
     same_gates
         && *index == new.index
