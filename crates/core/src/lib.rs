@@ -4,6 +4,8 @@
 //! tested exhaustively without a cluster (unit tests, and property tests of
 //! the state machine against a model of the DaemonSet controller and kubelets).
 //!
+//! - [`objects`]: projected API objects (the fields decisions read) that the
+//!   operator's caches keep instead of whole pods.
 //! - [`views`]: what the logic sees of pods, nodes and the DaemonSet, borrowed
 //!   from the API objects (no copies of labels or specs per decision).
 //! - [`eligibility`]: which nodes the DaemonSet covers and which of them may
@@ -23,6 +25,7 @@ pub mod durability;
 pub mod eligibility;
 pub mod expectations;
 pub mod gates;
+pub mod objects;
 pub mod plan;
 pub mod preflight;
 pub mod revision;

@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetUpdateStrategy};
-use k8s_openapi::api::core::v1::{Affinity, Node, Pod, PodSpec, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Affinity, Node, PodSpec, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use saferollout_api::{REVISION_HASH_LABEL, ZONE_LABEL, quantity_count};
+
+use crate::objects::SlimPod;
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 static NO_QUANTITIES: BTreeMap<String, Quantity> = BTreeMap::new();
@@ -36,7 +38,7 @@ pub struct AgentPod<'a> {
 
 impl<'a> AgentPod<'a> {
     /// The view of a pod bound to a node; `None` for a pod not yet scheduled.
-    pub fn of(pod: &'a Pod) -> Option<Self> {
+    pub fn of(pod: &'a SlimPod) -> Option<Self> {
         let node = pod.spec.as_ref()?.node_name.as_deref()?;
         let status = pod.status.as_ref();
         let containers = status
@@ -307,7 +309,7 @@ mod tests {
 
     #[test]
     fn pod_view_reads_status_and_revision() {
-        let pod: Pod = serde_json::from_value(json!({
+        let pod: SlimPod = serde_json::from_value(json!({
             "metadata": {"name": "p", "uid": "u1", "labels": {"controller-revision-hash": "abc"}},
             "spec": {"nodeName": "n1", "containers": []},
             "status": {"phase": "Running",
@@ -324,7 +326,8 @@ mod tests {
         assert!(v.running && v.ready && !v.deleting && v.is_available());
         assert_eq!(v.waiting_reason, Some("CrashLoopBackOff"));
         assert_eq!(v.restarts, 3);
-        let unscheduled: Pod = serde_json::from_value(json!({"metadata": {"name": "q"}})).unwrap();
+        let unscheduled: SlimPod =
+            serde_json::from_value(json!({"metadata": {"name": "q"}})).unwrap();
         assert!(AgentPod::of(&unscheduled).is_none());
     }
 

@@ -5,11 +5,12 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Node, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::ListParams;
 use saferollout_api::{SafeRollout, SafeRolloutStatus, Stage, StageState, resolve_count};
+use saferollout_core::objects::SlimPod;
 use saferollout_core::plan::{
     Candidate, canary_selector, candidates, cumulative_target, plan_stage,
 };
@@ -109,7 +110,7 @@ pub fn daemonset_revision(ds: &DaemonSet, revisions: &[ControllerRevision]) -> O
 /// live pod there runs `target`.
 pub fn build_candidates(
     nodes: &[Node],
-    pods: &[Pod],
+    pods: &[SlimPod],
     ds: &DaemonSet,
     canary: Option<&LabelSelector>,
     target: Option<&str>,
@@ -206,7 +207,8 @@ pub struct PlanInputs {
     pub rollout: SafeRollout,
     pub daemonset: DaemonSet,
     pub revisions: Vec<ControllerRevision>,
-    pub pods: Vec<Pod>,
+    /// Agent pods, projected as the operator caches them.
+    pub pods: Vec<SlimPod>,
     pub nodes: Vec<Node>,
 }
 
@@ -324,7 +326,7 @@ async fn fetch(kube: &Kube, name: &str) -> Result<PlanInputs, CliError> {
         .await
         .map_err(|e| kube.error(e, &format!("ControllerRevisions in {ns}")))?
         .items;
-    let pods = Api::<Pod>::namespaced(kube.client.clone(), ns)
+    let pods = Api::<SlimPod>::namespaced(kube.client.clone(), ns)
         .list(&lp)
         .await
         .map_err(|e| kube.error(e, &format!("Pods in {ns}")))?
@@ -370,12 +372,12 @@ pub async fn run(kube: &Kube, args: &PlanArgs) -> Result<u8, CliError> {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         LabelSelectorRequirement, ObjectMeta, OwnerReference, Time,
     };
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use saferollout_api::{Canary, SafeRolloutSpec, StageStatus, ZONE_LABEL, default_stages};
+    use saferollout_core::objects::SlimPodSpec;
 
     use super::*;
 
@@ -547,12 +549,12 @@ mod tests {
         .unwrap()
     }
 
-    fn pod(name: &str, node: &str, hash: &str, uid: &str) -> Pod {
+    fn pod(name: &str, node: &str, hash: &str, uid: &str) -> SlimPod {
         let mut metadata = meta(name, &[("controller-revision-hash", hash)]);
         metadata.owner_references = owner(uid);
-        Pod {
+        SlimPod {
             metadata,
-            spec: Some(PodSpec {
+            spec: Some(SlimPodSpec {
                 node_name: Some(node.into()),
                 ..Default::default()
             }),

@@ -23,9 +23,10 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Client, Resource, ResourceExt};
 use saferollout_api::{REVISION_HASH_LABEL, SafeRollout};
+use saferollout_core::objects::SlimPod;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
 
@@ -96,16 +97,15 @@ where
 /// How every reflector gets its initial state (`--initial-list`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum InitialList {
-    /// A streaming list (the Kubernetes WatchList feature, which this
-    /// project's API server serves): one watch that sends the current objects
-    /// first, consistent with a quorum read and served from the API server's
-    /// watch cache. The operator decodes and prunes one object at a time and
-    /// never holds a page of whole objects. Not the default yet: the
-    /// end-to-end tests run the paged path, and its memory effect is unmeasured.
-    Stream,
-    /// Paginated LISTs (500 objects a page, quorum reads), then a watch; also
-    /// for API servers with WatchList turned off.
+    /// A streaming list (the Kubernetes WatchList feature): one watch that
+    /// sends the current objects first, consistent with a quorum read and
+    /// served from the API server's watch cache. The operator decodes and
+    /// prunes one object at a time and never holds a page of whole objects:
+    /// at 1,000 nodes its peak RSS is 51 MiB instead of 70 (bench/results).
     #[default]
+    Stream,
+    /// Paginated LISTs (500 objects a page, quorum reads), then a watch: for
+    /// API servers with WatchList turned off, which refuse streaming lists.
     Paged,
 }
 
@@ -132,7 +132,8 @@ pub struct Caches {
     /// work queue looks objects up there.
     pub all_rollouts: Store<SafeRollout>,
     pub daemonsets: NsStores<DaemonSet>,
-    pub pods: NsStores<Pod>,
+    /// The agent pods, projected (see [`SlimPod`]).
+    pub pods: NsStores<SlimPod>,
     pub revisions: NsStores<ControllerRevision>,
     /// The operator's own probe pods (label `saferollout.dev/probe-revision`).
     pub probe_pods: NsStores<Pod>,
@@ -209,15 +210,22 @@ async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>
 /// What is kept of each object: only what decisions read.
 mod prune {
     use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+    use saferollout_core::objects::SlimPod;
 
     pub fn meta(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
         m.managed_fields = None;
     }
 
-    pub fn pod(p: &mut Pod) {
-        slim_pod(p, "Ready");
+    /// Agent pods are projected when decoded ([`SlimPod`]): what is left
+    /// to drop is the metadata decisions never read and every condition but
+    /// Ready.
+    pub fn pod(p: &mut SlimPod) {
+        meta(&mut p.metadata);
+        p.metadata.annotations = None;
         if let Some(st) = p.status.as_mut() {
-            st.init_container_statuses = None;
+            st.conditions
+                .get_or_insert_default()
+                .retain(|c| c.type_ == "Ready");
         }
     }
 
@@ -234,9 +242,10 @@ mod prune {
         }
     }
 
-    /// What both pod caches drop: annotations, the spec beyond the node and
-    /// the container names (so no environment), addresses, every condition
-    /// but `keep`, and the containers' image IDs, IDs and last states.
+    /// What the probe-pod cache drops: annotations, the spec beyond the node
+    /// and the container names (so no environment), addresses, every
+    /// condition but `keep`, and the containers' image IDs, IDs and last
+    /// states.
     fn slim_pod(p: &mut Pod, keep: &str) {
         meta(&mut p.metadata);
         p.metadata.annotations = None;
@@ -347,12 +356,21 @@ pub fn start(
             .probe_pods
             .push((*ns, add_store(&mut caches.probe_pods, *ns)));
     }
+    // Watching every namespace, the one SafeRollout store is the merged one:
+    // no second copy of every SafeRollout (their status lists every node).
+    let merged = match &caches.rollouts.all {
+        Some(all) => {
+            caches.all_rollouts = all.clone();
+            None
+        }
+        None => Some(Arc::new(Mutex::new(all_rollouts_writer))),
+    };
     let caches = Arc::new(caches);
     tokio::spawn(report_synced(caches.clone(), synced_tx));
     let route = Router {
         caches: caches.clone(),
         triggers: triggers.clone(),
-        merged: Arc::new(Mutex::new(all_rollouts_writer)),
+        merged,
     };
     for (ns, w) in writers.rollouts {
         let r = route.clone();
@@ -428,7 +446,7 @@ pub fn start(
 struct Writers<'a> {
     rollouts: Vec<(Option<&'a str>, reflector::store::Writer<SafeRollout>)>,
     daemonsets: Vec<(Option<&'a str>, reflector::store::Writer<DaemonSet>)>,
-    pods: Vec<(Option<&'a str>, reflector::store::Writer<Pod>)>,
+    pods: Vec<(Option<&'a str>, reflector::store::Writer<SlimPod>)>,
     revisions: Vec<(
         Option<&'a str>,
         reflector::store::Writer<ControllerRevision>,
@@ -486,15 +504,25 @@ fn reflect<K>(
 {
     let metrics = metrics.clone();
     let resource = K::plural(&()).to_string();
+    let streaming = matches!(
+        config.initial_list_strategy,
+        watcher::InitialListStrategy::StreamingList
+    );
     let stream = watch(api, config)
         .default_backoff()
         .modify(prune)
         .reflect(writer);
+    let mut listed = false;
     tokio::spawn(drive(stream, move |ev| match &ev {
-        Ok(e @ Event::Init) => {
-            on_event(e);
+        Ok(e) => {
+            listed |= matches!(e, Event::InitDone);
+            on_event(e)
         }
-        Ok(e) => on_event(e),
+        Err(e) if streaming && !listed => {
+            // Never listed yet: say what to try if the server refuses streaming lists.
+            warn!(%resource, error = %e, "the first streaming list failed; the watcher backs off and retries (an API server with the WatchList feature turned off refuses streaming lists: run with --initial-list=paged)");
+            metrics.watch_restarted(&resource);
+        }
         Err(e) => {
             debug!(%resource, error = %e, "watch error; the watcher backs off and lists again");
             metrics.watch_restarted(&resource);
@@ -517,8 +545,9 @@ where
 struct Router {
     caches: Arc<Caches>,
     triggers: Arc<Triggers>,
-    /// Feeds [`Caches::all_rollouts`].
-    merged: Arc<Mutex<reflector::store::Writer<SafeRollout>>>,
+    /// Feeds [`Caches::all_rollouts`] when namespaces are watched one by one
+    /// (watching all, that store is the reflector's own).
+    merged: Option<Arc<Mutex<reflector::store::Writer<SafeRollout>>>>,
 }
 
 impl Router {
@@ -543,10 +572,15 @@ impl Router {
     }
 
     fn rollout_event(&self, ev: &Event<SafeRollout>) {
-        let mut merged = self.merged.lock().unwrap_or_else(|e| e.into_inner());
+        let mut merged = self
+            .merged
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
         match ev {
             Event::Apply(sr) | Event::Delete(sr) => {
-                merged.apply_watcher_event(ev);
+                if let Some(m) = merged.as_mut() {
+                    m.apply_watcher_event(ev);
+                }
                 drop(merged);
                 self.triggers.send(ObjectRef::from_obj(sr));
                 // A deleted owner frees its DaemonSet for a waiting SafeRollout.
@@ -554,11 +588,13 @@ impl Router {
             }
             Event::InitDone => {
                 // A namespace (re)listed: rebuild the merged store from every one.
-                merged.apply_watcher_event(&Event::Init);
-                for sr in self.caches.every_rollout() {
-                    merged.apply_watcher_event(&Event::InitApply((*sr).clone()));
+                if let Some(m) = merged.as_mut() {
+                    m.apply_watcher_event(&Event::Init);
+                    for sr in self.caches.every_rollout() {
+                        m.apply_watcher_event(&Event::InitApply((*sr).clone()));
+                    }
+                    m.apply_watcher_event(&Event::InitDone);
                 }
-                merged.apply_watcher_event(&Event::InitDone);
                 drop(merged);
                 self.all_in(None);
             }
@@ -579,8 +615,8 @@ impl Router {
     /// Ready, its conditions' timestamps): only a change of what decisions
     /// read wakes the SafeRollouts targeting its DaemonSet, so one replacement
     /// does not queue passes that would decide the same thing again.
-    fn pod_event(&self, ev: &Event<Pod>, fingerprints: &mut HashMap<String, u64>) {
-        let wake = |p: &Pod| {
+    fn pod_event(&self, ev: &Event<SlimPod>, fingerprints: &mut HashMap<String, u64>) {
+        let wake = |p: &SlimPod| {
             if let Some(owner) = p.owner_references().iter().find(|o| o.kind == "DaemonSet") {
                 self.targeting(p.namespace().as_deref(), &owner.name);
             }
@@ -675,7 +711,7 @@ impl Router {
 }
 
 /// A pod by UID (a pod recreated under the same name is another pod).
-fn pod_key(p: &Pod) -> String {
+fn pod_key(p: &SlimPod) -> String {
     p.metadata
         .uid
         .clone()
@@ -689,7 +725,7 @@ const UNSCHEDULED: u64 = 0;
 /// deletion, phase, readiness and the containers' states (the pod views of
 /// `saferollout_core::views::AgentPod`, and the start times the logs gate
 /// reads). Not its resourceVersion, nor timestamps only kubelets look at.
-fn pod_fingerprint(p: &Pod) -> u64 {
+fn pod_fingerprint(p: &SlimPod) -> u64 {
     use std::hash::Hasher;
     let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
         return UNSCHEDULED;
@@ -782,7 +818,7 @@ mod tests {
 
     #[test]
     fn a_pod_fingerprint_moves_with_what_decisions_read_only() {
-        let pod = |node: Option<&str>, ready: &str, rv: &str, probe: &str| -> Pod {
+        let pod = |node: Option<&str>, ready: &str, rv: &str, probe: &str| -> SlimPod {
             let mut v = json!({"metadata": {"name": "p", "uid": "u", "resourceVersion": rv,
                     "labels": {"controller-revision-hash": "r"}},
                 "spec": {"containers": [{"name": "c"}]},
@@ -791,7 +827,7 @@ mod tests {
             if let Some(n) = node {
                 v["spec"]["nodeName"] = json!(n);
             }
-            let mut p: Pod = serde_json::from_value(v).unwrap();
+            let mut p: SlimPod = serde_json::from_value(v).unwrap();
             prune::pod(&mut p);
             p
         };
@@ -846,7 +882,7 @@ mod tests {
             1
         );
 
-        let mut p: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "labels": {"controller-revision-hash": "r"}},
+        let mut p: SlimPod = serde_json::from_value(json!({"metadata": {"name": "p", "labels": {"controller-revision-hash": "r"}, "annotations": {"x": "y"}},
             "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i", "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}]}}))
         .unwrap();
@@ -857,6 +893,17 @@ mod tests {
         assert!(
             !serde_json::to_string(&p).unwrap().contains("s3cr3t"),
             "no env values kept"
+        );
+        assert!(p.metadata.annotations.is_none());
+        assert_eq!(
+            p.status
+                .as_ref()
+                .unwrap()
+                .conditions
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
         );
     }
 }

@@ -38,6 +38,7 @@ use saferollout_core::gates::proof::{
     LogObservation, LogRead, Measurement, MeasurementOutcome, ProbePod, ProofEvidence, Sample,
     clean_line, clean_lines,
 };
+use saferollout_core::objects::SlimPod;
 use tracing::{debug, info, warn};
 
 use super::error::Result;
@@ -221,7 +222,7 @@ async fn read_tail(api: &Api<Pod>, pod: &Pod) -> String {
 }
 
 /// When the agent container (or else the pod) started.
-fn started_at(pod: &Pod, container: Option<&str>) -> Option<Timestamp> {
+fn started_at(pod: &SlimPod, container: Option<&str>) -> Option<Timestamp> {
     let status = pod.status.as_ref()?;
     let cs = status
         .container_statuses
@@ -255,7 +256,7 @@ async fn agent_logs(
     let target = status.target_revision.clone().unwrap_or_default();
     let held = held_nodes(status);
     let interval = gate.interval.to_std().unwrap_or(Duration::from_secs(10));
-    let pods: Vec<Arc<Pod>> = world
+    let pods: Vec<Arc<SlimPod>> = world
         .pods()
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())

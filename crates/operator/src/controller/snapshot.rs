@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Node, PodTemplateSpec};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use saferollout_api::{
@@ -16,6 +16,7 @@ use saferollout_api::{
 };
 use saferollout_core::eligibility::eligibility;
 use saferollout_core::expectations::Expectations;
+use saferollout_core::objects::SlimPod;
 use saferollout_core::revision::{
     RevisionTemplate, current_revision, revision_hash, revision_template,
 };
@@ -33,7 +34,7 @@ pub struct World {
     /// The DaemonSet's own ControllerRevisions, with their parsed templates.
     revisions: Vec<(Arc<ControllerRevision>, Arc<PodTemplateSpec>)>,
     pub backup: Option<Arc<ControllerRevision>>,
-    pods: Vec<Arc<Pod>>,
+    pods: Vec<Arc<SlimPod>>,
     nodes: Vec<Arc<Node>>,
     /// The older SafeRollout that targets the same DaemonSet, if any.
     pub owned_by_other: Option<String>,
@@ -88,7 +89,7 @@ impl World {
     }
 
     /// The DaemonSet's agent pods, as cached.
-    pub fn pods(&self) -> &[Arc<Pod>] {
+    pub fn pods(&self) -> &[Arc<SlimPod>] {
         &self.pods
     }
 

@@ -1,0 +1,154 @@
+//! Projected API objects: the fields decisions read and nothing else,
+//! deserialized straight from the API server's JSON (serde skips every other
+//! field), so a cache of thousands of them never builds nor keeps the full
+//! objects. A pruned `k8s_openapi` Pod still weighs about 4 KB in memory,
+//! most of it empty `Option`s of its spec and container statuses; a
+//! [`SlimPod`] of an agent pod is its metadata and a few strings.
+//!
+//! Field names and shapes mirror the full types (`spec.nodeName`,
+//! `status.containerStatuses[].state`, ...), so code written against a Pod
+//! reads a [`SlimPod`] the same way, and a test fixture written as Pod JSON
+//! deserializes into one.
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::{ContainerState, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube_core::Resource;
+use serde::{Deserialize, Serialize};
+
+/// A pod as the operator's agent-pod cache keeps it, and as the CLI lists
+/// agent pods: identity, labels, owners, node, phase, conditions and the
+/// containers' states.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct SlimPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SlimPodSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SlimPodStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlimPodSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// The containers' names (the logs gate reads the first one's log by default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<SlimContainer>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct SlimContainer {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlimPodStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<SlimCondition>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_statuses: Option<Vec<SlimContainerStatus>>,
+}
+
+/// A condition's type and status (no messages, reasons or timestamps).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct SlimCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+}
+
+/// A container's name, readiness, restarts and state (no image, IDs or
+/// resources; never the environment, which is in the spec anyway).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlimContainerStatus {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default)]
+    pub restart_count: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ContainerState>,
+}
+
+/// The same resource as Pod (`v1`, `pods`): an `Api<SlimPod>` lists and
+/// watches pods.
+impl Resource for SlimPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        <Pod as Resource>::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        <Pod as Resource>::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        <Pod as Resource>::version(dt)
+    }
+    fn api_version(dt: &()) -> Cow<'_, str> {
+        <Pod as Resource>::api_version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        <Pod as Resource>::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_slim_pod_reads_a_full_pods_json_and_keeps_only_what_decisions_read() {
+        let full = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i",
+                "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True", "lastProbeTime": null}],
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "x", "ready": true,
+                    "restartCount": 2, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}
+        });
+        let pod: SlimPod = serde_json::from_value(full).unwrap();
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.containers[0].name, "c");
+        let st = pod.status.as_ref().unwrap();
+        assert_eq!(st.phase.as_deref(), Some("Running"));
+        assert_eq!(st.conditions.as_ref().unwrap()[0].type_, "Ready");
+        let c = &st.container_statuses.as_ref().unwrap()[0];
+        assert_eq!((c.name.as_str(), c.ready, c.restart_count), ("c", true, 2));
+        assert!(c.state.as_ref().unwrap().running.is_some());
+        let kept = serde_json::to_string(&pod).unwrap();
+        assert!(
+            !kept.contains("s3cr3t") && !kept.contains("10.0.0.1"),
+            "{kept}"
+        );
+        assert_eq!(
+            (SlimPod::plural(&()), SlimPod::api_version(&())),
+            ("pods".into(), "v1".into())
+        );
+    }
+}
