@@ -3,7 +3,8 @@
 //! field), so a cache of thousands of them never builds nor keeps the full
 //! objects. A pruned `k8s_openapi` Pod still weighs about 4 KB in memory,
 //! most of it empty `Option`s of its spec and container statuses; a
-//! [`SlimPod`] of an agent pod is its metadata and a few strings.
+//! [`SlimPod`] of an agent pod is its metadata and a few strings. A
+//! [`SlimNode`] keeps labels, taints, extended resources and conditions.
 //!
 //! Field names and shapes mirror the full types (`spec.nodeName`,
 //! `status.containerStatuses[].state`, ...), so code written against a Pod
@@ -11,8 +12,10 @@
 //! deserializes into one.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ContainerState, Pod};
+use k8s_openapi::api::core::v1::{ContainerState, Node, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube_core::Resource;
 use serde::{Deserialize, Serialize};
@@ -85,33 +88,71 @@ pub struct SlimContainerStatus {
     pub state: Option<ContainerState>,
 }
 
-/// The same resource as Pod (`v1`, `pods`): an `Api<SlimPod>` lists and
-/// watches pods.
-impl Resource for SlimPod {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// Implements `Resource` for a projection as the resource of `$full`: an
+/// `Api<$slim>` lists and watches the same objects.
+macro_rules! projects {
+    ($slim:ty, $full:ty, $scope:ty) => {
+        impl Resource for $slim {
+            type DynamicType = ();
+            type Scope = $scope;
 
-    fn kind(dt: &()) -> Cow<'_, str> {
-        <Pod as Resource>::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        <Pod as Resource>::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        <Pod as Resource>::version(dt)
-    }
-    fn api_version(dt: &()) -> Cow<'_, str> {
-        <Pod as Resource>::api_version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        <Pod as Resource>::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn kind(dt: &()) -> Cow<'_, str> {
+                <$full as Resource>::kind(dt)
+            }
+            fn group(dt: &()) -> Cow<'_, str> {
+                <$full as Resource>::group(dt)
+            }
+            fn version(dt: &()) -> Cow<'_, str> {
+                <$full as Resource>::version(dt)
+            }
+            fn api_version(dt: &()) -> Cow<'_, str> {
+                <$full as Resource>::api_version(dt)
+            }
+            fn plural(dt: &()) -> Cow<'_, str> {
+                <$full as Resource>::plural(dt)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+projects!(SlimPod, Pod, k8s_openapi::NamespaceResourceScope);
+projects!(SlimNode, Node, k8s_openapi::ClusterResourceScope);
+
+/// A node as the operator's cache keeps it, and as the CLI lists nodes:
+/// metadata (labels), taints, schedulability, extended-resource capacity
+/// and allocatable, conditions. No images, addresses, node info or volumes.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct SlimNode {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SlimNodeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SlimNodeStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct SlimNodeSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taints: Option<Vec<Taint>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct SlimNodeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable: Option<BTreeMap<String, Quantity>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<BTreeMap<String, Quantity>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<SlimCondition>>,
 }
 
 #[cfg(test)]
@@ -150,5 +191,33 @@ mod tests {
             (SlimPod::plural(&()), SlimPod::api_version(&())),
             ("pods".into(), "v1".into())
         );
+    }
+
+    #[test]
+    fn a_slim_node_reads_a_full_nodes_json() {
+        let node: SlimNode = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n", "labels": {"a": "b"}},
+            "spec": {"podCIDR": "10.0.0.0/24", "unschedulable": true,
+                "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"example.com/gpu": "8"}, "capacity": {"example.com/gpu": "8"},
+                "images": [{"names": ["i"]}], "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+        }))
+        .unwrap();
+        let spec = node.spec.as_ref().unwrap();
+        assert_eq!(
+            (spec.unschedulable, spec.taints.as_ref().unwrap().len()),
+            (Some(true), 1)
+        );
+        let st = node.status.as_ref().unwrap();
+        assert_eq!(st.allocatable.as_ref().unwrap()["example.com/gpu"].0, "8");
+        assert_eq!(st.conditions.as_ref().unwrap()[0].status, "True");
+        let kept = serde_json::to_string(&node).unwrap();
+        assert!(
+            !kept.contains("10.0.0") && !kept.contains("images"),
+            "{kept}"
+        );
+        assert_eq!(SlimNode::plural(&()), "nodes");
     }
 }

@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetUpdateStrategy};
-use k8s_openapi::api::core::v1::{Affinity, Node, PodSpec, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Affinity, PodSpec, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use saferollout_api::{REVISION_HASH_LABEL, ZONE_LABEL, quantity_count};
 
-use crate::objects::SlimPod;
+use crate::objects::{SlimNode, SlimPod};
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 static NO_QUANTITIES: BTreeMap<String, Quantity> = BTreeMap::new();
@@ -93,7 +93,7 @@ pub struct NodeView<'a> {
 }
 
 impl<'a> NodeView<'a> {
-    pub fn of(node: &'a Node) -> Self {
+    pub fn of(node: &'a SlimNode) -> Self {
         let status = node.status.as_ref();
         NodeView {
             name: node.metadata.name.as_deref().unwrap_or_default(),
@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn node_view_parses_quantities_and_readiness() {
-        let node: Node = serde_json::from_value(json!({
+        let node: SlimNode = serde_json::from_value(json!({
             "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
             "status": {"allocatable": {"gpu.intel.com/millicores": "8k", "example.com/gpu": "8"},

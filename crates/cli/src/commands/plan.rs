@@ -5,12 +5,12 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, PodTemplateSpec};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::ListParams;
 use saferollout_api::{SafeRollout, SafeRolloutStatus, Stage, StageState, resolve_count};
-use saferollout_core::objects::SlimPod;
+use saferollout_core::objects::{SlimNode, SlimPod};
 use saferollout_core::plan::{
     Candidate, canary_selector, candidates, cumulative_target, plan_stage,
 };
@@ -109,7 +109,7 @@ pub fn daemonset_revision(ds: &DaemonSet, revisions: &[ControllerRevision]) -> O
 /// runs a live agent pod, with its zone, canary eligibility, and whether a
 /// live pod there runs `target`.
 pub fn build_candidates(
-    nodes: &[Node],
+    nodes: &[SlimNode],
     pods: &[SlimPod],
     ds: &DaemonSet,
     canary: Option<&LabelSelector>,
@@ -209,7 +209,7 @@ pub struct PlanInputs {
     pub revisions: Vec<ControllerRevision>,
     /// Agent pods, projected as the operator caches them.
     pub pods: Vec<SlimPod>,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<SlimNode>,
 }
 
 /// The report from fetched objects (pure).
@@ -331,7 +331,7 @@ async fn fetch(kube: &Kube, name: &str) -> Result<PlanInputs, CliError> {
         .await
         .map_err(|e| kube.error(e, &format!("Pods in {ns}")))?
         .items;
-    let nodes = Api::<Node>::all(kube.client.clone())
+    let nodes = Api::<SlimNode>::all(kube.client.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| kube.error(e, "Nodes"))?
@@ -524,8 +524,8 @@ mod tests {
         }])
     }
 
-    fn node(name: &str, labels: &[(&str, &str)]) -> Node {
-        Node {
+    fn node(name: &str, labels: &[(&str, &str)]) -> SlimNode {
+        SlimNode {
             metadata: meta(name, labels),
             status: Some(
                 serde_json::from_value(

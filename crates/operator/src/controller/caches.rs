@@ -16,14 +16,14 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Client, Resource, ResourceExt};
 use saferollout_api::{REVISION_HASH_LABEL, SafeRollout};
-use saferollout_core::objects::SlimPod;
+use saferollout_core::objects::{SlimNode, SlimPod};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
@@ -137,7 +137,8 @@ pub struct Caches {
     pub revisions: NsStores<ControllerRevision>,
     /// The operator's own probe pods (label `saferollout.dev/probe-revision`).
     pub probe_pods: NsStores<Pod>,
-    pub nodes: Store<Node>,
+    /// Every node, projected (see [`SlimNode`]).
+    pub nodes: Store<SlimNode>,
     /// Parsed templates of the ControllerRevisions (forgotten when one goes).
     pub templates: super::snapshot::TemplateCache,
     /// What the device gates read (slices, claims, probes, quarantine
@@ -209,8 +210,8 @@ async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>
 
 /// What is kept of each object: only what decisions read.
 mod prune {
-    use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
-    use saferollout_core::objects::SlimPod;
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use saferollout_core::objects::{SlimNode, SlimPod};
 
     pub fn meta(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
         m.managed_fields = None;
@@ -279,21 +280,13 @@ mod prune {
         }
     }
 
-    pub fn node(n: &mut Node) {
+    /// Nodes are projected when decoded ([`SlimNode`]: no images,
+    /// addresses, node info or volumes); this drops the metadata decisions
+    /// never read, conditions but Ready, and resources that are not extended.
+    pub fn node(n: &mut SlimNode) {
         meta(&mut n.metadata);
         n.metadata.annotations = None;
-        if let Some(spec) = n.spec.as_mut() {
-            spec.pod_cidr = None;
-            spec.pod_cidrs = None;
-            spec.provider_id = None;
-        }
         if let Some(st) = n.status.as_mut() {
-            st.images = None;
-            st.node_info = None;
-            st.addresses = None;
-            st.daemon_endpoints = None;
-            st.volumes_attached = None;
-            st.volumes_in_use = None;
             st.conditions
                 .get_or_insert_default()
                 .retain(|c| c.type_ == "Ready");
@@ -320,7 +313,7 @@ pub fn start(
     let (devices, device_writers) =
         super::devices::stores(device_apis, namespaces, client, metrics, triggers);
     let pods_config = || watch_config().labels(REVISION_HASH_LABEL);
-    let (nodes, nodes_writer) = reflector::store::<Node>();
+    let (nodes, nodes_writer) = reflector::store::<SlimNode>();
     let (all_rollouts, all_rollouts_writer) = reflector::store::<SafeRollout>();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let mut caches = Caches {
@@ -432,7 +425,7 @@ pub fn start(
     let r = route.clone();
     let mut fingerprints: HashMap<String, u64> = HashMap::new();
     reflect(
-        Api::<Node>::all(client.clone()),
+        Api::<SlimNode>::all(client.clone()),
         watch_config(),
         nodes_writer,
         metrics,
@@ -689,7 +682,7 @@ impl Router {
 
     /// Nodes change often (heartbeats, conditions): only what decisions read
     /// wakes every SafeRollout.
-    fn node_event(&self, ev: &Event<Node>, fingerprints: &mut HashMap<String, u64>) {
+    fn node_event(&self, ev: &Event<SlimNode>, fingerprints: &mut HashMap<String, u64>) {
         match ev {
             Event::Apply(n) => {
                 let fp = node_fingerprint(n);
@@ -766,7 +759,7 @@ fn pod_fingerprint(p: &SlimPod) -> u64 {
 }
 
 /// What of a node decisions read: labels, taints, readiness, allocatable.
-fn node_fingerprint(n: &Node) -> u64 {
+fn node_fingerprint(n: &SlimNode) -> u64 {
     use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     n.metadata.labels.hash(&mut h);
@@ -800,7 +793,7 @@ mod tests {
 
     #[test]
     fn a_heartbeat_does_not_change_the_fingerprint_but_readiness_does() {
-        let node = |ready: &str, beat: &str| -> Node {
+        let node = |ready: &str, beat: &str| -> SlimNode {
             serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
                 "allocatable": {"example.com/gpu": "8"},
                 "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": beat}]}}))
@@ -858,7 +851,7 @@ mod tests {
 
     #[test]
     fn pruning_keeps_what_decisions_read() {
-        let mut n: Node = serde_json::from_value(json!({"metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
+        let mut n: SlimNode = serde_json::from_value(json!({"metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
             "status": {"allocatable": {"cpu": "4", "example.com/gpu": "8"}, "images": [{"names": ["i"]}],
                 "conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}]}}))
@@ -870,7 +863,6 @@ mod tests {
         assert_eq!(v.taints.len(), 1);
         assert_eq!(v.labels.len(), 1);
         assert!(n.metadata.annotations.is_none());
-        assert!(n.status.as_ref().unwrap().images.is_none());
         assert_eq!(
             n.status
                 .as_ref()

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, PodTemplateSpec};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use saferollout_api::{
@@ -16,7 +16,7 @@ use saferollout_api::{
 };
 use saferollout_core::eligibility::eligibility;
 use saferollout_core::expectations::Expectations;
-use saferollout_core::objects::SlimPod;
+use saferollout_core::objects::{SlimNode, SlimPod};
 use saferollout_core::revision::{
     RevisionTemplate, current_revision, revision_hash, revision_template,
 };
@@ -35,7 +35,7 @@ pub struct World {
     revisions: Vec<(Arc<ControllerRevision>, Arc<PodTemplateSpec>)>,
     pub backup: Option<Arc<ControllerRevision>>,
     pods: Vec<Arc<SlimPod>>,
-    nodes: Vec<Arc<Node>>,
+    nodes: Vec<Arc<SlimNode>>,
     /// The older SafeRollout that targets the same DaemonSet, if any.
     pub owned_by_other: Option<String>,
     /// What the device gates read.
