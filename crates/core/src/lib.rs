@@ -5,7 +5,7 @@
 //! the state machine against a model of the DaemonSet controller and kubelets).
 //!
 //! - [`objects`]: projected API objects (the fields decisions read) that the
-//!   operator's caches keep instead of whole pods.
+//!   operator's caches keep instead of whole pods and nodes.
 //! - [`views`]: what the logic sees of pods, nodes and the DaemonSet, borrowed
 //!   from the API objects (no copies of labels or specs per decision).
 //! - [`eligibility`]: which nodes the DaemonSet covers and which of them may

@@ -101,7 +101,8 @@ pub enum InitialList {
     /// sends the current objects first, consistent with a quorum read and
     /// served from the API server's watch cache. The operator decodes and
     /// prunes one object at a time and never holds a page of whole objects:
-    /// at 1,000 nodes its peak RSS is 51 MiB instead of 70 (bench/results).
+    /// at 1,000 nodes its peak RSS is 43 MiB instead of 53 paged (measured
+    /// on the bench's cluster; README, Benchmarks).
     #[default]
     Stream,
     /// Paginated LISTs (500 objects a page, quorum reads), then a watch: for
@@ -231,23 +232,11 @@ mod prune {
     }
 
     /// Probe pods: what the probe gate reads (phase, scheduling, the first
-    /// container's state), never the environment.
+    /// container's state), never the environment. Dropped: annotations, the
+    /// spec beyond the node and the container names, addresses, every
+    /// condition but PodScheduled, and the containers' image IDs, IDs, last
+    /// states and device health.
     pub fn probe_pod(p: &mut Pod) {
-        slim_pod(p, "PodScheduled");
-        for c in p
-            .status
-            .iter_mut()
-            .flat_map(|st| st.container_statuses.iter_mut().flatten())
-        {
-            c.allocated_resources_status = None;
-        }
-    }
-
-    /// What the probe-pod cache drops: annotations, the spec beyond the node
-    /// and the container names (so no environment), addresses, every
-    /// condition but `keep`, and the containers' image IDs, IDs and last
-    /// states.
-    fn slim_pod(p: &mut Pod, keep: &str) {
         meta(&mut p.metadata);
         p.metadata.annotations = None;
         if let Some(spec) = p.spec.take() {
@@ -267,7 +256,7 @@ mod prune {
         if let Some(st) = p.status.as_mut() {
             st.conditions
                 .get_or_insert_default()
-                .retain(|c| c.type_ == keep);
+                .retain(|c| c.type_ == "PodScheduled");
             st.host_ip = None;
             st.host_ips = None;
             st.pod_ip = None;
@@ -276,6 +265,7 @@ mod prune {
                 c.image_id.clear();
                 c.container_id = None;
                 c.last_state = None;
+                c.allocated_resources_status = None;
             }
         }
     }
