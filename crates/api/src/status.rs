@@ -282,13 +282,14 @@ pub struct StageStatus {
     /// Per node, per resource: allocatable captured before the stage touched
     /// the node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = schema::atomic)]
     pub baseline: BTreeMap<String, BTreeMap<String, i64>>,
     /// Nodes the stage took and then let go, with why: the node left the
     /// cluster, became NotReady or unschedulable for the agent, or no longer
     /// matches the DaemonSet's node selection. Their agent pod is never
     /// deleted by the operator while they are in that state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(transform = schema::list_map_by_node)]
+    #[schemars(transform = schema::atomic)]
     pub skipped: Vec<NodeNote>,
     /// Nodes whose agent itself failed a gate when the stage failed: a revert
     /// replaces them at once, outside the maxUnavailable budget.
@@ -298,6 +299,7 @@ pub struct StageStatus {
     /// counters, capacity, taints) and the claims allocated there, captured
     /// before the stage touched the node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = schema::atomic)]
     pub device_baseline: BTreeMap<String, crate::devices::NodeDevices>,
     /// Nodes of this stage whose claims probe passed (their probe is deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -305,7 +307,7 @@ pub struct StageStatus {
     /// The probe gate's verdict per node this stage probed (the probe pods
     /// themselves are deleted once judged).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(transform = schema::list_map_by_node)]
+    #[schemars(transform = schema::atomic)]
     pub probes: Vec<crate::proof::ProbeRecord>,
 }
 

@@ -68,6 +68,11 @@ impl Error {
             Error::Finalizer(f) if matches!(&**f, finalizer::Error::AddFinalizer(kube::Error::Api(s)) | finalizer::Error::RemoveFinalizer(kube::Error::Api(s)) if s.code == 409) => {
                 Requeue::requeue(Duration::from_millis(200))
             }
+            // The add's JSON-patch test (the finalizers as cached) failed:
+            // the cache is behind the object; the next pass reads it fresh.
+            Error::Finalizer(f) if matches!(&**f, finalizer::Error::AddFinalizer(kube::Error::Api(s)) if s.code == 422) => {
+                Requeue::requeue(Duration::from_millis(200))
+            }
             Error::NotLeader => Requeue::await_change(),
             _ => Requeue::requeue(Duration::from_secs(5)),
         }
@@ -107,6 +112,20 @@ mod tests {
         let add = Error::Finalizer(Box::new(finalizer::Error::AddFinalizer(conflict())));
         assert_eq!(add.metric_label(), "finalizer_add");
         assert_eq!(add.requeue(), Requeue::requeue(Duration::from_millis(200)));
+        let refused_test =
+            Error::Finalizer(Box::new(finalizer::Error::AddFinalizer(kube::Error::Api(
+                kube::core::Status::failure(
+                    "the server rejected our request due to an error in our request",
+                    "Invalid",
+                )
+                .with_code(422)
+                .boxed(),
+            ))));
+        assert_eq!(refused_test.metric_label(), "finalizer_add");
+        assert_eq!(
+            refused_test.requeue(),
+            Requeue::requeue(Duration::from_millis(200))
+        );
         assert_eq!(
             Error::MissingField("x").requeue(),
             Requeue::requeue(Duration::from_secs(5))

@@ -64,6 +64,10 @@ pub struct RolloutMemory {
     pub in_place: Option<((String, i64, String), bool)>,
     /// What the probe, logs and prometheus gates read last.
     pub proof: proof::Memory,
+    /// (UID, resource version) of the cached object our finalizer was added
+    /// to: until the cache moves past that version it cannot show the
+    /// finalizer, and a second add would fail its JSON-patch test (422).
+    pub finalizer_added_to: Option<(String, String)>,
 }
 
 pub struct Context {
@@ -113,6 +117,29 @@ fn key_of(sr: &SafeRollout) -> Result<RolloutKey> {
     ))
 }
 
+/// The cached object lacks our finalizer: the next pass adds it.
+fn lacks_finalizer(sr: &SafeRollout) -> bool {
+    sr.metadata.deletion_timestamp.is_none() && !sr.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// `(uid, resourceVersion)` of the cached object.
+fn cached_version(sr: &SafeRollout) -> (String, String) {
+    (
+        sr.metadata.uid.clone().unwrap_or_default(),
+        sr.metadata.resource_version.clone().unwrap_or_default(),
+    )
+}
+
+/// The cached object is the one we added the finalizer to, seen before the
+/// watch delivered our write (a pass queued meanwhile, e.g. by the start-up
+/// sweep): its add would be refused.
+fn finalizer_in_flight(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> bool {
+    lacks_finalizer(sr)
+        && ctx.memory(key, |m| {
+            m.finalizer_added_to.as_ref() == Some(&cached_version(sr))
+        })
+}
+
 /// The cached object is older than our own last status write.
 fn is_stale(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> bool {
     let cached = sr
@@ -130,11 +157,14 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
     if !ctx.fence.is_open() {
         return Err(Error::NotLeader);
     }
-    if is_stale(&sr, &ctx, &key) {
+    if is_stale(&sr, &ctx, &key) || finalizer_in_flight(&sr, &ctx, &key) {
         // The watch delivers our write in a moment and triggers a fresh pass.
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
     let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &key.0);
+    // Without our finalizer, kube's helper only adds it (and waits for the
+    // watch to show it).
+    let adding = lacks_finalizer(&sr).then(|| cached_version(&sr));
     let result = finalizer(&api, FINALIZER, sr, |event| async {
         match event {
             Finalizer::Apply(sr) => apply(&sr, &ctx, &key).await,
@@ -143,6 +173,9 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
+    if let (Some(version), Ok(_)) = (adding, &result) {
+        ctx.memory(&key, |m| m.finalizer_added_to = Some(version));
+    }
     let label = match &result {
         Ok(_) => "success",
         Err(e) if matches!(e.requeue(), r if r == Requeue::requeue(Duration::from_millis(200))) => {
