@@ -199,6 +199,34 @@ pub fn eligibility(node: &NodeView, placement: &Placement) -> Eligibility {
     Eligibility::Eligible
 }
 
+/// The taints the node lifecycle controller puts on a node that is not Ready.
+const READINESS_TAINTS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// Is `node` out of the DaemonSet's coverage only because it is not Ready
+/// (its Ready condition, and the taints that come with it)? Such a node is
+/// covered again the moment it recovers, with nothing else changing.
+pub fn uncovered_only_by_readiness(node: &NodeView, placement: &Placement) -> bool {
+    if node.ready {
+        return false;
+    }
+    let taints: Vec<Taint> = node
+        .taints
+        .iter()
+        .filter(|t| !READINESS_TAINTS.contains(&t.key.as_str()))
+        .cloned()
+        .collect();
+    let recovered = NodeView {
+        ready: true,
+        not_ready_since: None,
+        taints: &taints,
+        ..*node
+    };
+    eligibility(&recovered, placement).is_eligible()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -228,6 +256,7 @@ mod tests {
             name: "n1",
             labels,
             ready,
+            not_ready_since: None,
             taints,
             allocatable: alloc,
         }

@@ -62,13 +62,19 @@ pub struct SlimPodStatus {
     pub container_statuses: Option<Vec<SlimContainerStatus>>,
 }
 
-/// A condition's type and status (no messages, reasons or timestamps).
+/// A condition's type, status and when the status last changed (no
+/// messages, reasons or probe times).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SlimCondition {
     #[serde(rename = "type")]
     pub type_: String,
     #[serde(default)]
     pub status: String,
+    /// A node's Ready transition tells the budget whether the node went
+    /// NotReady before or after its agent was replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
 }
 
 /// A container's name, readiness, restarts and state (no image, IDs or
@@ -219,5 +225,29 @@ mod tests {
             "{kept}"
         );
         assert_eq!(SlimNode::plural(&()), "nodes");
+    }
+
+    #[test]
+    fn a_not_ready_node_says_since_when() {
+        let node: SlimNode = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown",
+                "lastHeartbeatTime": "2026-12-02T10:00:30Z",
+                "lastTransitionTime": "2026-12-02T10:00:00Z", "reason": "NodeStatusUnknown"}]}
+        }))
+        .unwrap();
+        let view = crate::views::NodeView::of(&node);
+        assert!(!view.ready);
+        assert_eq!(
+            view.not_ready_since,
+            Some("2026-12-02T10:00:00Z".parse().unwrap())
+        );
+        let ready: SlimNode = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {"conditions": [{"type": "Ready", "status": "True",
+                "lastTransitionTime": "2026-12-02T10:00:00Z"}]}
+        }))
+        .unwrap();
+        assert_eq!(crate::views::NodeView::of(&ready).not_ready_since, None);
     }
 }

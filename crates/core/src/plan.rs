@@ -218,6 +218,7 @@ mod tests {
             name,
             labels: &labels,
             ready: true,
+            not_ready_since: None,
             taints: if tainted { &taints[..] } else { &[] },
             allocatable: &alloc,
         };

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{Affinity, PodSpec, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -34,6 +35,12 @@ pub struct AgentPod<'a> {
     pub waiting_reason: Option<&'a str>,
     pub waiting_message: Option<&'a str>,
     pub restarts: i32,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<Timestamp>,
+    /// When the pod was deleted (its deletion timestamp less the grace
+    /// period); `None` while it is not being deleted, or when the operator
+    /// deleted it moments ago and the cache does not show it yet.
+    pub deleted: Option<Timestamp>,
 }
 
 impl<'a> AgentPod<'a> {
@@ -71,6 +78,11 @@ impl<'a> AgentPod<'a> {
                 .map(|c| c.restart_count)
                 .max()
                 .unwrap_or(0),
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            deleted: pod.metadata.deletion_timestamp.as_ref().map(|t| {
+                let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+                t.0 - jiff::SignedDuration::from_secs(grace)
+            }),
         })
     }
 
@@ -87,6 +99,8 @@ pub struct NodeView<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// The Ready condition is True.
     pub ready: bool,
+    /// When the Ready condition last changed, if it is not True (and says).
+    pub not_ready_since: Option<Timestamp>,
     pub taints: &'a [Taint],
     /// `status.allocatable`, as quantities.
     pub allocatable: &'a BTreeMap<String, Quantity>,
@@ -95,12 +109,18 @@ pub struct NodeView<'a> {
 impl<'a> NodeView<'a> {
     pub fn of(node: &'a SlimNode) -> Self {
         let status = node.status.as_ref();
+        let ready_condition = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+        let ready = ready_condition.is_some_and(|c| c.status == "True");
         NodeView {
             name: node.metadata.name.as_deref().unwrap_or_default(),
             labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-            ready: status
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            ready,
+            not_ready_since: ready_condition
+                .filter(|_| !ready)
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0),
             taints: node
                 .spec
                 .as_ref()
@@ -332,12 +352,27 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_pod_was_deleted_its_grace_period_before_its_deletion_timestamp() {
+        let pod: SlimPod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "creationTimestamp": "2026-12-02T10:00:00Z",
+                "deletionTimestamp": "2026-12-02T10:01:30Z", "deletionGracePeriodSeconds": 30},
+            "spec": {"nodeName": "n1"}
+        }))
+        .unwrap();
+        let v = AgentPod::of(&pod).unwrap();
+        assert!(v.deleting);
+        assert_eq!(v.created, Some("2026-12-02T10:00:00Z".parse().unwrap()));
+        assert_eq!(v.deleted, Some("2026-12-02T10:01:00Z".parse().unwrap()));
+    }
+
+    #[test]
     fn nodes_by_name_iterate_in_name_order_and_keep_the_last_view_of_a_name() {
         let labels = BTreeMap::new();
         let view = |name, ready| NodeView {
             name,
             labels: &labels,
             ready,
+            not_ready_since: None,
             taints: &[],
             allocatable: &NO_QUANTITIES,
         };

@@ -354,6 +354,8 @@ pub(crate) mod test_support {
                             waiting_reason: p.waiting_reason.as_deref(),
                             waiting_message: None,
                             restarts: p.restarts,
+                            created: None,
+                            deleted: None,
                         })
                         .collect();
                     (node.as_str(), views)
@@ -369,6 +371,7 @@ pub(crate) mod test_support {
                             name,
                             labels: &n.labels,
                             ready: true,
+                            not_ready_since: None,
                             taints: &[],
                             allocatable: &n.allocatable,
                         },

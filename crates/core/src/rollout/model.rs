@@ -95,6 +95,8 @@ pub struct MNode {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub ready: bool,
+    /// When `ready` last changed (the Ready condition's lastTransitionTime).
+    pub ready_since: Timestamp,
     pub taints: Vec<Taint>,
     pub allocatable: BTreeMap<String, Quantity>,
     /// Seconds since the node's plugin stopped serving (allocatable drops to
@@ -119,6 +121,9 @@ pub struct MPod {
     pub revision: String,
     /// Seconds since the pod was created.
     pub age: i64,
+    pub created: Timestamp,
+    /// When the pod was deleted.
+    pub deleted: Option<Timestamp>,
     pub running: bool,
     pub ready: bool,
     pub waiting: Option<String>,
@@ -317,6 +322,7 @@ impl Model {
                 name: name.to_string(),
                 labels,
                 ready: true,
+                ready_since: self.now,
                 taints: Vec::new(),
                 allocatable: BTreeMap::new(),
                 unserved_for: 0,
@@ -339,6 +345,8 @@ impl Model {
                 node: node.to_string(),
                 revision: revision.to_string(),
                 age: 0,
+                created: self.now,
+                deleted: None,
                 running: false,
                 ready: false,
                 waiting: None,
@@ -359,6 +367,9 @@ impl Model {
     /// Makes a node NotReady (the node lifecycle controller taints it) or Ready again.
     pub fn set_node_ready(&mut self, node: &str, ready: bool) {
         if let Some(n) = self.cluster.nodes.get_mut(node) {
+            if n.ready != ready {
+                n.ready_since = self.now;
+            }
             n.ready = ready;
             n.taints
                 .retain(|t| !t.key.starts_with("node.kubernetes.io/not-ready"));
@@ -799,6 +810,7 @@ impl Model {
                         self.budget_at_last_delete = budget;
                     }
                     p.terminating = Some(1 + (self.counter % 2) as i64);
+                    p.deleted = Some(self.now);
                     p.ready = false;
                 }
             }
@@ -1212,6 +1224,7 @@ pub fn node_view(n: &MNode) -> NodeView<'_> {
         name: &n.name,
         labels: &n.labels,
         ready: n.ready,
+        not_ready_since: (!n.ready).then_some(n.ready_since),
         taints: &n.taints,
         allocatable: &n.allocatable,
     }
@@ -1230,5 +1243,7 @@ fn pod_view(p: &MPod) -> AgentPod<'_> {
         waiting_reason: p.waiting.as_deref(),
         waiting_message: None,
         restarts: p.restarts,
+        created: Some(p.created),
+        deleted: p.deleted,
     }
 }

@@ -20,8 +20,8 @@
 use std::collections::BTreeSet;
 
 use super::{Observed, PodRef};
-use crate::eligibility::eligibility;
-use crate::views::{DaemonSetView, PodsByNode, live_pods};
+use crate::eligibility::{eligibility, uncovered_only_by_readiness};
+use crate::views::{DaemonSetView, NodeView, PodsByNode, live_pods};
 
 /// Is the node's agent serving (a live pod Running and Ready)?
 pub(super) fn is_available(pods: &PodsByNode, node: &str) -> bool {
@@ -32,7 +32,9 @@ pub(super) fn is_available(pods: &PodsByNode, node: &str) -> bool {
 /// operator touched (`touched`: held by a stage) or that are off the stable
 /// revision or without any agent pod (a replacement in flight, from this
 /// rollout or one abandoned a moment ago), and whose agent does not serve.
-/// Nodes in `exempt` (their agent failed a gate) are left out.
+/// Nodes in `exempt` (their agent failed a gate) are left out, and so are
+/// nodes the DaemonSet does not cover ([`counts_while_not_covered`] says
+/// when a NotReady one still counts).
 pub(super) fn unavailable(
     o: &Observed,
     ds: &DaemonSetView,
@@ -49,8 +51,39 @@ pub(super) fn unavailable(
             let gap = live.peek().is_none();
             touched.contains(n.name) || gap || live.any(|p| p.revision != stable)
         })
-        .filter(|n| eligibility(n, &ds.placement).is_eligible())
+        .filter(|n| {
+            eligibility(n, &ds.placement).is_eligible()
+                || (uncovered_only_by_readiness(n, &ds.placement)
+                    && counts_while_not_covered(o.pods, n))
+        })
         .count()
+}
+
+/// Does a node the node cache shows NotReady still count in the budget?
+///
+/// A node that went NotReady leaves the budget, as it leaves the DaemonSet
+/// controller's: its agent comes back when the node does, outside the
+/// operator's hands. But the node cache may lag the pod cache: a node that
+/// went NotReady and came back moments ago still looks NotReady, while its
+/// agent, replaced by the operator, is starting. Counting it out then would
+/// let one more Ready agent go (two down with `maxUnavailable: 1`). So the
+/// node counts while its agent changed at or after the moment the cache says
+/// it went NotReady (a pod created or deleted since, or one the operator
+/// deleted moments ago): such a change shows the cached NotReady is older
+/// than the agent. A node that went NotReady after its agent was replaced
+/// (hardware that died mid-rollout) holds no slot. Without a transition time
+/// it counts. Timestamps have whole seconds, so a change in the same second
+/// counts too.
+fn counts_while_not_covered(pods: &PodsByNode, node: &NodeView) -> bool {
+    let Some(since) = node.not_ready_since else {
+        return true;
+    };
+    pods.get(node.name).into_iter().flatten().any(|p| {
+        let moments_ago = p.deleting && p.deleted.is_none();
+        moments_ago
+            || p.created.is_some_and(|t| t >= since)
+            || p.deleted.is_some_and(|t| t >= since)
+    })
 }
 
 /// The pods to delete now so the nodes in `to_replace` (sorted) move to
@@ -94,7 +127,7 @@ pub(super) fn deletions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::views::{AgentPod, pods_by_node};
+    use crate::views::{AgentPod, Placement, pods_by_node};
 
     fn pod<'a>(name: &'a str, node: &'a str, revision: &'a str, ready: bool) -> AgentPod<'a> {
         AgentPod {
@@ -142,6 +175,118 @@ mod tests {
             names(deletions(&pods, &nodes, "new", 1, &exempt, 1)),
             ["b", "c"]
         );
+    }
+
+    /// The budget's view of a node the node cache shows NotReady since
+    /// second 100 (with the not-ready taint that comes with it).
+    fn not_ready_node<'a>(
+        labels: &'a std::collections::BTreeMap<String, String>,
+        taints: &'a [k8s_openapi::api::core::v1::Taint],
+        alloc: &'a std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    ) -> NodeView<'a> {
+        NodeView {
+            name: "n1",
+            labels,
+            ready: false,
+            not_ready_since: Some(at(100)),
+            taints,
+            allocatable: alloc,
+        }
+    }
+
+    fn at(second: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + second).unwrap()
+    }
+
+    fn taint(key: &str, effect: &str) -> k8s_openapi::api::core::v1::Taint {
+        k8s_openapi::api::core::v1::Taint {
+            key: key.into(),
+            effect: effect.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_not_ready_node_counts_while_its_agent_changed_after_it_went_not_ready() {
+        let labels = Default::default();
+        let alloc = Default::default();
+        let taints = [taint("node.kubernetes.io/not-ready", "NoSchedule")];
+        let node = not_ready_node(&labels, &taints, &alloc);
+        assert!(uncovered_only_by_readiness(&node, &Placement::default()));
+        let starting = |created| AgentPod {
+            created: Some(at(created)),
+            ..pod("new", "n1", "new", false)
+        };
+        // The replacement was created after the cached NotReady (the node
+        // cache lags: the node is back, its agent starting): it counts.
+        assert!(counts_while_not_covered(
+            &pods_by_node([starting(103)]),
+            &node
+        ));
+        // Within the same second too: timestamps have whole seconds.
+        assert!(counts_while_not_covered(
+            &pods_by_node([starting(100)]),
+            &node
+        ));
+        // The node went NotReady after its agent was replaced (it died
+        // mid-rollout): it holds no slot.
+        assert!(!counts_while_not_covered(
+            &pods_by_node([starting(90)]),
+            &node
+        ));
+        // An old pod deleted after the cached NotReady, or by the operator
+        // moments ago (not in the cache yet): it counts.
+        let deleted = |when| AgentPod {
+            created: Some(at(10)),
+            deleting: true,
+            deleted: when,
+            ..pod("old", "n1", "old", false)
+        };
+        assert!(counts_while_not_covered(
+            &pods_by_node([deleted(Some(at(101)))]),
+            &node
+        ));
+        assert!(counts_while_not_covered(
+            &pods_by_node([deleted(None)]),
+            &node
+        ));
+        assert!(!counts_while_not_covered(
+            &pods_by_node([deleted(Some(at(99)))]),
+            &node
+        ));
+        // No pod at all, and nothing says when: no change after the NotReady.
+        assert!(!counts_while_not_covered(&pods_by_node([]), &node));
+        // A node whose Ready condition has no transition time counts.
+        let unknown = NodeView {
+            not_ready_since: None,
+            ..node
+        };
+        assert!(counts_while_not_covered(&pods_by_node([]), &unknown));
+    }
+
+    #[test]
+    fn only_readiness_is_forgiven_by_the_transition_rule() {
+        let labels = Default::default();
+        let alloc = Default::default();
+        let tainted = [
+            taint("node.kubernetes.io/unreachable", "NoExecute"),
+            taint("maintenance", "NoSchedule"),
+        ];
+        let node = not_ready_node(&labels, &tainted, &alloc);
+        assert!(
+            !uncovered_only_by_readiness(&node, &Placement::default()),
+            "an untolerated taint keeps the node out whatever its readiness"
+        );
+        let ready = NodeView {
+            ready: true,
+            not_ready_since: None,
+            taints: &[],
+            ..node
+        };
+        assert!(!uncovered_only_by_readiness(&ready, &Placement::default()));
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct NodeFacts {
     /// Keys of `status.capacity` / `status.allocatable` that the sim's field
     /// manager wrote, per the node's managed fields.
     pub sim_owned: BTreeSet<String>,
+    /// The node's Ready condition is not True.
+    pub not_ready: bool,
 }
 
 impl NodeFacts {
@@ -82,6 +84,9 @@ impl NodeFacts {
             capacity: quantities(status.and_then(|s| s.capacity.as_ref())),
             allocatable: quantities(status.and_then(|s| s.allocatable.as_ref())),
             sim_owned: sim_owned_resources(node),
+            not_ready: !status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
         }
     }
 
@@ -262,6 +267,7 @@ pub fn plan_node(
                 started_at,
                 host_ip: &host_ip,
                 crash_restart_interval: timings.crash_restart_interval,
+                node_not_ready: view.node.is_some_and(|n| n.not_ready),
                 now,
             },
         );

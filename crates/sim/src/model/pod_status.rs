@@ -38,6 +38,10 @@ pub struct PodStatusInputs<'a> {
     pub host_ip: &'a str,
     /// Shown in the crash-loop back-off message.
     pub crash_restart_interval: Duration,
+    /// The node's Ready condition is not True: the pod is not Ready, as
+    /// the node lifecycle controller marks every pod of a node that stopped
+    /// reporting (its containers' states are left as they were).
+    pub node_not_ready: bool,
     pub now: Timestamp,
 }
 
@@ -98,6 +102,11 @@ pub fn desired_pod_status(pod: &Pod, inputs: &PodStatusInputs<'_>) -> PodStatus 
         .unwrap_or_default();
     let gate_problem = readiness_gate_problem(pod, existing);
     let (ready, ready_reason, ready_message) = match (&gate_problem, containers_ready) {
+        _ if inputs.node_not_ready => (
+            false,
+            Some("NodeNotReady"),
+            Some("the node is not Ready".to_owned()),
+        ),
         (_, false) => (
             false,
             Some("ContainersNotReady"),
@@ -464,6 +473,7 @@ mod tests {
                 moment: &moment,
                 started_at: ts(0),
                 host_ip: "10.1.2.3",
+                node_not_ready: false,
                 crash_restart_interval: Duration::from_secs(5),
                 now: ts(at),
             },
@@ -485,6 +495,30 @@ mod tests {
         let json = serde_json::to_string(&status).unwrap();
         pod.status = Some(serde_json::from_str(&json).unwrap());
         pod
+    }
+
+    #[test]
+    fn a_pod_on_a_node_that_is_not_ready_is_not_ready() {
+        let pod = pod(vec![container("agent", "plugin:v1")]);
+        let moment = agent_moment(Fault::Healthy, ts(0), ts(3), &Timings::default());
+        let status = desired_pod_status(
+            &pod,
+            &PodStatusInputs {
+                moment: &moment,
+                started_at: ts(0),
+                host_ip: "10.1.2.3",
+                node_not_ready: true,
+                crash_restart_interval: Duration::from_secs(5),
+                now: ts(3),
+            },
+        );
+        let ready = condition(&status, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("False", Some("NodeNotReady"))
+        );
+        // The container itself is left as it was.
+        assert_eq!(condition(&status, "ContainersReady").status, "True");
     }
 
     #[test]
@@ -639,6 +673,7 @@ mod tests {
                 moment: &moment,
                 started_at: ts(0),
                 host_ip: "10.99.99.99",
+                node_not_ready: false,
                 crash_restart_interval: Duration::from_secs(5),
                 now: ts(2),
             },
@@ -828,6 +863,7 @@ mod tests {
                 moment: &moment,
                 started_at: ts(0),
                 host_ip: "10.0.0.1",
+                node_not_ready: false,
                 crash_restart_interval: Duration::from_secs(5),
                 now: ts(0),
             },

@@ -147,6 +147,7 @@ pub fn desired_workload_status(
             started_at,
             host_ip,
             crash_restart_interval: Duration::ZERO,
+            node_not_ready: false,
             now,
         },
     );

@@ -59,6 +59,7 @@ fn node_facts(devices: u64) -> NodeFacts {
         capacity: BTreeMap::from([("cpu".into(), "1k".into())]),
         allocatable: BTreeMap::from([("cpu".into(), "1k".into())]),
         sim_owned: BTreeSet::new(),
+        not_ready: false,
     }
 }
 
