@@ -542,20 +542,21 @@ async fn a_node_that_fails_after_its_agent_was_replaced_holds_no_budget_slot() -
         skipped.iter().any(|n| n.node == canary),
         "the dead node was let go from its stage: {skipped:?}"
     );
-    let samples = samples.lock().unwrap();
-    let (most, when) = samples.max_unavailable(&BTreeSet::new());
-    eprintln!("MEASURE most of the other agents unavailable at once: {most} {when:?}");
-    assert!(most <= 1, "maxUnavailable 1 broken: {when:?} at once");
-    for node in &others {
-        assert!(
-            samples
-                .created
-                .contains_key(&(node.clone(), v2.to_string())),
-            "{node} got v2: {:?}",
-            samples.created
-        );
+    {
+        let samples = samples.lock().unwrap();
+        let (most, when) = samples.max_unavailable(&BTreeSet::new());
+        eprintln!("MEASURE most of the other agents unavailable at once: {most} {when:?}");
+        assert!(most <= 1, "maxUnavailable 1 broken: {when:?} at once");
+        for node in &others {
+            assert!(
+                samples
+                    .created
+                    .contains_key(&(node.clone(), v2.to_string())),
+                "{node} got v2: {:?}",
+                samples.created
+            );
+        }
     }
-    drop(samples);
     drop(not_ready);
     wait_node_ready(&env.client, canary).await?;
     wait_agents(&env.client, &env.ns.name, v2).await?;
