@@ -168,7 +168,13 @@ impl Operator {
                 "saferollout-system",
             ])
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
+            // SAFEROLLOUT_BENCH_OPERATOR_LOG, e.g. `info,saferollout::pass=debug`
+            // for each pass's time split when profiling.
+            .env(
+                "RUST_LOG",
+                std::env::var("SAFEROLLOUT_BENCH_OPERATOR_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn".into()),
+            )
             .env_remove("KUBE_RS_DEBUG_IMPERSONATE_USER")
             .stdin(Stdio::null())
             .stdout(Stdio::from(file.try_clone()?))

@@ -236,6 +236,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::views::RolloutLabels;
 
     fn taint(key: &str, value: &str, effect: &str) -> Taint {
         Taint {
@@ -259,6 +260,7 @@ mod tests {
             not_ready_since: None,
             taints,
             allocatable: alloc,
+            ours: RolloutLabels::of(labels),
         }
     }
 

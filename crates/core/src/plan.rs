@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn the_candidate_count_is_the_number_of_candidates() {
-        use crate::views::{AgentPod, NodeView, pods_by_node};
+        use crate::views::{AgentPod, NodeView, RolloutLabels, pods_by_node};
         use k8s_openapi::api::core::v1::Taint;
         let labels = BTreeMap::new();
         let taints = [Taint {
@@ -221,6 +221,7 @@ mod tests {
             not_ready_since: None,
             taints: if tainted { &taints[..] } else { &[] },
             allocatable: &alloc,
+            ours: RolloutLabels::of(&labels),
         };
         // With a pod, without one, with only a terminating one, tainted.
         let nodes: NodesByName = [

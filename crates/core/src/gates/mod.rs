@@ -222,6 +222,7 @@ pub(crate) mod test_support {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use super::*;
+    use crate::views::RolloutLabels;
 
     pub fn ts(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
@@ -374,6 +375,7 @@ pub(crate) mod test_support {
                             not_ready_since: None,
                             taints: &[],
                             allocatable: &n.allocatable,
+                            ours: RolloutLabels::of(&n.labels),
                         },
                     )
                 })

@@ -540,7 +540,7 @@ fn progress_deadline(o: &Observed) -> Duration {
 fn labelled_nodes<'a>(o: &Observed<'a>) -> BTreeMap<&'a str, Option<&'a str>> {
     o.nodes
         .values()
-        .filter(|n| n.label(saferollout_api::ROLLOUT_LABEL) == Some(o.rollout_id))
-        .map(|n| (n.name, n.label(saferollout_api::STAGE_LABEL)))
+        .filter(|n| n.ours.rollout == Some(o.rollout_id))
+        .map(|n| (n.name, n.ours.stage))
         .collect()
 }

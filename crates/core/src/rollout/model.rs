@@ -29,7 +29,9 @@ use saferollout_api::{
 use super::{Action, Decision, Observed, Requests, SpecTemplate, decide};
 use crate::eligibility::eligibility;
 use crate::expectations::Expectations;
-use crate::views::{AgentPod, DaemonSetView, NodeView, NodesByName, Placement, PodsByNode};
+use crate::views::{
+    AgentPod, DaemonSetView, NodeView, NodesByName, Placement, PodsByNode, RolloutLabels,
+};
 
 pub const GPUS: i64 = 8;
 pub const RESOURCE: &str = "example.com/gpu";
@@ -1227,6 +1229,7 @@ pub fn node_view(n: &MNode) -> NodeView<'_> {
         not_ready_since: (!n.ready).then_some(n.ready_since),
         taints: &n.taints,
         allocatable: &n.allocatable,
+        ours: RolloutLabels::of(&n.labels),
     }
 }
 

@@ -127,7 +127,7 @@ pub(super) fn deletions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::views::{AgentPod, Placement, pods_by_node};
+    use crate::views::{AgentPod, Placement, RolloutLabels, pods_by_node};
 
     fn pod<'a>(name: &'a str, node: &'a str, revision: &'a str, ready: bool) -> AgentPod<'a> {
         AgentPod {
@@ -194,6 +194,7 @@ mod tests {
             not_ready_since: Some(at(100)),
             taints,
             allocatable: alloc,
+            ours: RolloutLabels::of(labels),
         }
     }
 

@@ -22,8 +22,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{
     ABORT_ANNOTATION, BlockedRevision, GateResult, GateStatus, NodeDevices, NodeNote, OnFailure,
-    Phase, PreflightPolicy, ROLLOUT_LABEL, STAGE_LABEL, SafeRolloutStatus, Stage, StageState,
-    StageStatus, resolve_count,
+    Phase, PreflightPolicy, SafeRolloutStatus, Stage, StageState, StageStatus, resolve_count,
 };
 
 use super::{
@@ -463,8 +462,8 @@ fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, 
                 continue;
             }
             let Some(view) = o.nodes.get(n) else { continue };
-            let labelled = view.label(ROLLOUT_LABEL) == Some(o.rollout_id)
-                && view.label(STAGE_LABEL) == Some(want.as_str());
+            let labelled =
+                view.ours.rollout == Some(o.rollout_id) && view.ours.stage == Some(want.as_str());
             if !labelled {
                 by_stage.entry(stage).or_default().push(n.clone());
             }
@@ -478,7 +477,7 @@ fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, 
     let extra: Vec<String> = o
         .nodes
         .values()
-        .filter(|n| n.label(ROLLOUT_LABEL) == Some(o.rollout_id))
+        .filter(|n| n.ours.rollout == Some(o.rollout_id))
         .filter(|n| !desired.contains_key(n.name))
         .map(|n| n.name.to_string())
         .collect();
