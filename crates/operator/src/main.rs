@@ -123,7 +123,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "starting saferollout-operator"
     );
     let server = tokio::spawn(metrics::serve(listener, metrics.clone()));
-    let leadership = if args.leader_election {
+    let options = controller::Options {
+        namespaces: args.watch_namespaces,
+        device_gates: args.device_gates,
+        per_node_pod_watches: args.per_node_pod_watches,
+    };
+    let election = async {
+        if !args.leader_election {
+            return Ok(leader::sole_leader());
+        }
         let namespace = args
             .leader_election_namespace
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
@@ -136,23 +144,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
             grace: args.lease_grace,
         };
         tracing::info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "joining the leader election");
-        leader::elect(client.clone(), config).await?
-    } else {
-        leader::sole_leader()
+        leader::elect(client.clone(), config).await
     };
+    // The caches fill while the election runs (start-up at 5,000 nodes is
+    // mostly their initial lists).
+    let (leadership, started) = tokio::try_join!(
+        election,
+        controller::start(client.clone(), metrics.clone(), options)
+    )?;
     metrics.set_lease_known();
-    let options = controller::Options {
-        namespaces: args.watch_namespaces,
-        device_gates: args.device_gates,
-        per_node_pod_watches: args.per_node_pod_watches,
-    };
     let leader::Leadership {
         fence,
         changes,
         step_down,
     } = leadership;
     let result = tokio::select! {
-        r = controller::run(client, metrics, fence, changes, options) => r,
+        r = controller::run(started, fence, changes) => r,
         r = server => r.map_err(anyhow::Error::from).and_then(|r| r),
     };
     step_down.release().await;

@@ -58,6 +58,10 @@ pub enum Release {
     BreaksAfter(i64),
     /// Advertises the count and nothing in turn, every this many seconds.
     Flap(i64),
+    /// On zone-a nodes, advertises nothing for this many seconds after its
+    /// pod starts, then the count (a healthy plugin whose node reads 0
+    /// devices for a moment); on zone-b nodes, the count at once.
+    LateInZoneA(i64),
 }
 
 impl Release {
@@ -79,6 +83,13 @@ impl Release {
                     GPUS
                 } else {
                     0
+                }
+            }
+            Release::LateInZoneA(t) => {
+                if zone == "zone-a" && age < t {
+                    0
+                } else {
+                    GPUS
                 }
             }
             Release::Flap(p) => {

@@ -32,24 +32,30 @@ pub(super) fn is_available(pods: &PodsByNode, node: &str) -> bool {
 /// operator touched (`touched`: held by a stage) or that are off the stable
 /// revision or without any agent pod (a replacement in flight, from this
 /// rollout or one abandoned a moment ago), and whose agent does not serve.
-/// Nodes in `exempt` (their agent failed a gate) are left out, and so are
-/// nodes the DaemonSet does not cover ([`counts_while_not_covered`] says
-/// when a NotReady one still counts).
+/// Nodes in `violating` (a gate's violation soaking on them) count whatever
+/// their agent's state: their devices do not serve as they should. Nodes in
+/// `exempt` (their agent failed a gate) are left out, and so are nodes the
+/// DaemonSet does not cover ([`counts_while_not_covered`] says when a
+/// NotReady one still counts).
 pub(super) fn unavailable(
     o: &Observed,
     ds: &DaemonSetView,
     stable: &str,
     touched: &BTreeSet<&str>,
     exempt: &BTreeSet<String>,
+    violating: &BTreeSet<String>,
 ) -> usize {
     o.nodes
         .values()
         .filter(|n| !exempt.contains(n.name))
-        .filter(|n| !is_available(o.pods, n.name))
         .filter(|n| {
-            let mut live = live_pods(o.pods, n.name).peekable();
-            let gap = live.peek().is_none();
-            touched.contains(n.name) || gap || live.any(|p| p.revision != stable)
+            violating.contains(n.name) || {
+                !is_available(o.pods, n.name) && {
+                    let mut live = live_pods(o.pods, n.name).peekable();
+                    let gap = live.peek().is_none();
+                    touched.contains(n.name) || gap || live.any(|p| p.revision != stable)
+                }
+            }
         })
         .filter(|n| {
             eligibility(n, &ds.placement).is_eligible()

@@ -154,7 +154,7 @@ pub(super) fn settle(
         BTreeSet::new()
     };
     let s = survey(o, st, ds, stable);
-    let unavailable = replace::unavailable(o, ds, stable, &touched(st), &exempt);
+    let unavailable = replace::unavailable(o, ds, stable, &touched(st), &exempt, &BTreeSet::new());
     let pods = replace::deletions(
         o.pods,
         &s.to_replace,

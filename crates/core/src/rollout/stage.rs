@@ -11,8 +11,8 @@
 //! 5. judge every gate over every node the rollout holds;
 //! 6. a failed gate (or an abort) blocks the revision and restores the last
 //!    good template, deleting nothing in that pass;
-//! 7. otherwise, unless a violation is soaking, replace old pods within the
-//!    budget;
+//! 7. otherwise replace old pods within the budget, where a node whose
+//!    violation of a gate is soaking holds a slot;
 //! 8. a stage whose gates all passed on all its nodes soaks, waits for its
 //!    approval, then the next stage starts, or the rollout is done.
 
@@ -169,24 +169,35 @@ pub(super) fn roll(
         return None;
     }
 
-    // Replace old pods within the budget, unless some node violates a gate.
+    // Replace old pods within the budget. A node that violates a gate (its
+    // violation soaking) holds a slot of the budget, as an agent that does not
+    // serve would: its devices are missing or wrong. So at `maxUnavailable: 1`
+    // nothing more is replaced until it recovers or the gate fails, and a
+    // larger budget keeps replacing around a replaced plugin's node that reads
+    // 0 devices for a moment, instead of halting the whole stage on it. Its
+    // own agent is left alone.
     let to_replace: Vec<&str> = rollout_nodes
         .iter()
         .copied()
         .filter(|n| live_pods(o.pods, n).any(|p| p.revision != target))
         .collect();
     let violating = gates::violating_nodes(&verdicts);
-    if violating.is_empty() && !to_replace.is_empty() {
+    let replaceable: Vec<&str> = to_replace
+        .iter()
+        .copied()
+        .filter(|n| !violating.contains(*n))
+        .collect();
+    if !replaceable.is_empty() {
         let held: BTreeSet<&str> = rollout_nodes
             .iter()
             .copied()
             .chain(st.converging_nodes.iter().map(String::as_str))
             .collect();
         let stable = st.stable_revision.as_deref().unwrap_or_default();
-        let unavailable = replace::unavailable(o, ds, stable, &held, &BTreeSet::new());
+        let unavailable = replace::unavailable(o, ds, stable, &held, &BTreeSet::new(), &violating);
         let pods = replace::deletions(
             o.pods,
-            &to_replace,
+            &replaceable,
             target,
             unavailable,
             &BTreeSet::new(),

@@ -583,15 +583,23 @@ pub struct Options {
     pub per_node_pod_watches: usize,
 }
 
-/// Runs the controller until shutdown: caches always, the work queue while
-/// this replica leads.
-pub async fn run(
+/// The caches, started and filling: what [`run`] reconciles from.
+pub struct Started {
     client: Client,
     metrics: Arc<Metrics>,
-    fence: Arc<Fence>,
-    mut leading: tokio::sync::watch::Receiver<bool>,
+    caches: Arc<Caches>,
+    triggers: Arc<Triggers>,
+}
+
+/// Checks the API, discovers what the device gates can watch and starts the
+/// caches (they fill in the background). Runs alongside the leader election,
+/// so a new leader's first pass waits for whichever of the two ends last,
+/// not for both in turn.
+pub async fn start(
+    client: Client,
+    metrics: Arc<Metrics>,
     options: Options,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Started> {
     wait_for_api(&client, &options.namespaces).await?;
     let triggers = Arc::new(Triggers::default());
     let mut device_apis = devices::discover(&client, options.device_gates).await;
@@ -612,6 +620,27 @@ pub async fn run(
             metrics.set_caches_synced();
         });
     }
+    Ok(Started {
+        client,
+        metrics,
+        caches,
+        triggers,
+    })
+}
+
+/// Runs the controller until shutdown: caches always, the work queue while
+/// this replica leads.
+pub async fn run(
+    started: Started,
+    fence: Arc<Fence>,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Started {
+        client,
+        metrics,
+        caches,
+        triggers,
+    } = started;
     let ctx = Arc::new(Context {
         client: client.clone(),
         caches: caches.clone(),
