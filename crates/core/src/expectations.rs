@@ -39,6 +39,25 @@ impl Expectations {
         self.deleted.insert(uid.to_string(), now);
     }
 
+    /// The API server refused the deletion of `uid` (its preconditions
+    /// failed: the pod changed since the pass saw it, or the name is another
+    /// pod's now): nothing was deleted, so the pod must not be shown
+    /// terminating. Remembering it would stall its node for a minute, and a
+    /// pass after that minute may never come if nothing else changes.
+    pub fn delete_refused(&mut self, uid: &str) {
+        self.deleted.remove(uid);
+    }
+
+    /// How long until the oldest remembered deletion is forgotten: the pass
+    /// that decides again on that pod must run by then even if no watch event
+    /// wakes it (a deletion that timed out and never happened).
+    pub fn next_expiry(&self, now: Timestamp) -> Option<Duration> {
+        self.deleted
+            .values()
+            .map(|at| DELETION_TTL.saturating_sub(elapsed(*at, now)))
+            .min()
+    }
+
     pub fn daemonset_written(&mut self, generation: i64) {
         self.daemonset_generation = Some(generation);
     }
@@ -110,6 +129,31 @@ mod tests {
         let mut stale = pods_by_node([pod]);
         e.apply(&mut stale, ts(61));
         assert!(e.is_empty() && !stale["n"][0].deleting);
+    }
+
+    #[test]
+    fn a_refused_deletion_is_forgotten_and_the_oldest_one_sets_the_next_pass() {
+        let mut e = Expectations::default();
+        assert_eq!(e.next_expiry(ts(0)), None);
+        e.pod_deleted("u1", ts(0));
+        e.pod_deleted("u2", ts(20));
+        assert_eq!(e.next_expiry(ts(30)), Some(Duration::from_secs(30)));
+        e.delete_refused("u1");
+        assert_eq!(e.next_expiry(ts(30)), Some(Duration::from_secs(50)));
+        let pod = AgentPod {
+            name: "p",
+            uid: "u1",
+            node: "n",
+            ..Default::default()
+        };
+        let mut pods = pods_by_node([pod]);
+        e.apply(&mut pods, ts(31));
+        assert!(
+            !pods["n"][0].deleting,
+            "a refused deletion shows the pod live"
+        );
+        e.pod_deleted("u1", ts(0));
+        assert_eq!(e.next_expiry(ts(90)), Some(Duration::ZERO), "overdue");
     }
 
     #[test]

@@ -807,14 +807,17 @@ impl Model {
             Action::DeletePods { pods } => {
                 let exempt = self.exempt_nodes();
                 for r in pods {
+                    // As the operator does: remembered before the call.
+                    self.expectations.pod_deleted(&r.uid, self.now);
                     // The UID is a precondition of the delete.
                     let Some(p) = self.cluster.pods.get_mut(&r.uid) else {
-                        continue;
+                        continue; // 404: gone already
                     };
                     if r.unchanged_since.as_ref().is_some_and(|v| *v != p.version) {
-                        continue; // the resourceVersion precondition failed
+                        // The resourceVersion precondition failed (409).
+                        self.expectations.delete_refused(&r.uid);
+                        continue;
                     }
-                    self.expectations.pod_deleted(&r.uid, self.now);
                     if p.terminating.is_some() {
                         continue;
                     }

@@ -186,6 +186,73 @@ fn a_node_reading_no_devices_for_a_moment_holds_a_slot_without_halting_the_stage
     no_violations(&m);
 }
 
+/// A deletion the budget did not pay for (the pod was not Ready) carries the
+/// pod's resourceVersion as a precondition. A pod that changed meanwhile (it
+/// became Ready as its node recovered, the engine test's case) refuses the
+/// delete: nothing was deleted, so the next pass decides on it again instead
+/// of showing it terminating for a minute (and then, with no event to wake
+/// it, never: a node left converging for good).
+#[test]
+fn a_deletion_refused_by_its_precondition_is_decided_again_at_once() {
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("1", false), ("100%", false)]));
+    m.spec.max_unavailable = IntOrString::Int(1);
+    // A release whose agent never becomes Ready, aborted once the canary runs
+    // it: the revert deletes that agent for free.
+    m.write_revision("v2", Release::Unready);
+    for _ in 0..10 {
+        m.one_reconcile();
+    }
+    assert!(m.cluster.pods.values().any(|p| p.revision == "v2"));
+    m.abort = m.status.target_revision.clone();
+    let free_deletions = |d: &Decision| -> BTreeSet<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::DeletePods { pods } => Some(pods.iter()),
+                _ => None,
+            })
+            .flatten()
+            .filter(|p| p.unchanged_since.is_some())
+            .map(|p| p.uid.clone())
+            .collect()
+    };
+    // Every pod changes after the caches took their picture, until a pass
+    // deletes one for free: that deletion is refused.
+    let refused = (0..120)
+        .find_map(|_| {
+            for p in m.cluster.pods.values_mut() {
+                p.version = format!("{}-touched", p.version);
+            }
+            let d = m.reconcile(Lag::default(), Losses::default())?;
+            let uids = free_deletions(&d);
+            m.advance();
+            (!uids.is_empty()).then_some(uids)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "a pass deletes a pod that is not Ready:\n{}",
+                m.trace.join("\n")
+            )
+        });
+    for uid in &refused {
+        let p = &m.cluster.pods[uid];
+        assert!(
+            p.terminating.is_none(),
+            "the refused delete deleted nothing"
+        );
+    }
+    let again = m.one_reconcile();
+    assert_eq!(
+        free_deletions(&again),
+        refused,
+        "the next pass deletes the same pods again"
+    );
+    m.run(300);
+    assert!(m.all_on("v1"), "{:#?}", m.status);
+    no_violations(&m);
+}
+
 #[test]
 fn a_broken_release_is_reverted_at_the_canary() {
     let mut m = settled(8);

@@ -431,11 +431,21 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     if let Some(requeue) = outcome? {
         return Ok(requeue);
     }
-    Ok(match (decision.requeue_after, deferred) {
-        (Some(d), Some(w)) => Requeue::requeue(d.min(w)),
-        (Some(d), None) | (None, Some(d)) => Requeue::requeue(d),
-        (None, None) => Requeue::await_change(),
-    })
+    // A remembered deletion the cache never confirms (one that timed out and
+    // did not happen) is forgotten after a while: decide again then.
+    let deletion_expiry = ctx
+        .memory(key, |m| m.expectations.next_expiry(Timestamp::now()))
+        .map(|d| d.max(Duration::from_millis(200)));
+    Ok(
+        match [decision.requeue_after, deferred, deletion_expiry]
+            .into_iter()
+            .flatten()
+            .min()
+        {
+            Some(d) => Requeue::requeue(d),
+            None => Requeue::await_change(),
+        },
+    )
 }
 
 /// An unusable spec.template is a condition, not a retry loop: record it and

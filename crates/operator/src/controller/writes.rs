@@ -254,17 +254,23 @@ async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result
             ..Default::default()
         };
         let api = api.clone();
-        let name = p.name.clone();
-        async move { api.delete(&name, &params).await }
+        let (name, uid) = (p.name.clone(), p.uid.clone());
+        async move { (uid, api.delete(&name, &params).await) }
     };
     let mut deletes = futures::stream::iter(pods)
         .map(delete)
         .buffer_unordered(PARALLEL_WRITES);
-    while let Some(r) = deletes.next().await {
+    while let Some((uid, r)) = deletes.next().await {
         match r {
-            // Gone already, the name now belongs to a newer pod (UID), or the pod
-            // changed since it was seen (resourceVersion): the next pass decides again.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            // Gone already: the cache will show it.
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            // The name now belongs to a newer pod (UID), or the pod changed
+            // since it was seen (resourceVersion): nothing was deleted. The
+            // pod's watch event brings the next pass, which decides again.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                info!(ns = %key.0, uid = %uid, "agent pod changed since it was seen: not deleted");
+                ctx.memory(key, |m| m.expectations.delete_refused(&uid));
+            }
             r => {
                 r?;
             }
