@@ -232,7 +232,6 @@ mod tests {
     use std::collections::BTreeMap;
 
     use k8s_openapi::api::core::v1::Affinity;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
 
     use super::*;
@@ -250,7 +249,7 @@ mod tests {
     fn node<'a>(
         labels: &'a BTreeMap<String, String>,
         taints: &'a [Taint],
-        alloc: &'a BTreeMap<String, Quantity>,
+        alloc: &'a crate::objects::Quantities,
         ready: bool,
     ) -> NodeView<'a> {
         NodeView {
@@ -286,7 +285,7 @@ mod tests {
 
     #[test]
     fn a_not_ready_node_is_not_eligible_and_says_why() {
-        let (labels, alloc) = (BTreeMap::new(), BTreeMap::new());
+        let (labels, alloc) = (BTreeMap::new(), crate::objects::Quantities::new());
         let taints = [taint("node.kubernetes.io/not-ready", "", "NoSchedule")];
         let n = node(&labels, &taints, &alloc, false);
         let e = eligibility(&n, &Placement::default());
@@ -306,7 +305,7 @@ mod tests {
 
     #[test]
     fn daemon_pods_tolerate_cordons_and_pressure_but_not_foreign_taints() {
-        let (labels, alloc) = (BTreeMap::new(), BTreeMap::new());
+        let (labels, alloc) = (BTreeMap::new(), crate::objects::Quantities::new());
         let taints = [
             taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),
             taint("node.kubernetes.io/not-ready", "", "NoExecute"),
@@ -332,7 +331,7 @@ mod tests {
             ("count".to_string(), "8".to_string()),
         ]
         .into();
-        let alloc = BTreeMap::new();
+        let alloc = crate::objects::Quantities::new();
         let n = node(&labels, &[], &alloc, true);
         let sel: BTreeMap<String, String> = [("gpu".to_string(), "true".to_string())].into();
         let p = Placement {

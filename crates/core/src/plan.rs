@@ -213,7 +213,7 @@ mod tests {
             effect: "NoSchedule".into(),
             ..Default::default()
         }];
-        let alloc = BTreeMap::new();
+        let alloc = crate::objects::Quantities::new();
         let view = |name, tainted: bool| NodeView {
             name,
             labels: &labels,

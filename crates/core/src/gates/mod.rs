@@ -258,7 +258,7 @@ pub(crate) mod test_support {
     #[derive(Debug, Clone, Default)]
     pub struct TestNode {
         pub labels: BTreeMap<String, String>,
-        pub allocatable: BTreeMap<String, Quantity>,
+        pub allocatable: crate::objects::Quantities,
     }
 
     /// Owns the data a [`Snapshot`] borrows.

@@ -111,7 +111,7 @@ pub struct MNode {
     /// When `ready` last changed (the Ready condition's lastTransitionTime).
     pub ready_since: Timestamp,
     pub taints: Vec<Taint>,
-    pub allocatable: BTreeMap<String, Quantity>,
+    pub allocatable: crate::objects::Quantities,
     /// Seconds since the node's plugin stopped serving (allocatable drops to
     /// 0 a second later, as the kubelet device manager does).
     pub unserved_for: i64,
@@ -337,7 +337,7 @@ impl Model {
                 ready: true,
                 ready_since: self.now,
                 taints: Vec::new(),
-                allocatable: BTreeMap::new(),
+                allocatable: crate::objects::Quantities::new(),
                 unserved_for: 0,
             },
         );

@@ -188,10 +188,7 @@ mod tests {
     fn not_ready_node<'a>(
         labels: &'a std::collections::BTreeMap<String, String>,
         taints: &'a [k8s_openapi::api::core::v1::Taint],
-        alloc: &'a std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
+        alloc: &'a crate::objects::Quantities,
     ) -> NodeView<'a> {
         NodeView {
             name: "n1",

@@ -212,7 +212,7 @@ async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>
 /// What is kept of each object: only what decisions read.
 mod prune {
     use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-    use saferollout_core::objects::{SlimNode, SlimPod};
+    use saferollout_core::objects::{Quantities, SlimNode, SlimPod};
 
     pub fn meta(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
         m.managed_fields = None;
@@ -285,7 +285,11 @@ mod prune {
                 .into_iter()
                 .flatten()
             {
-                q.retain(|k, _| k.contains('/'));
+                let mut extended = std::mem::take(q).into_tuple_vec();
+                extended.retain(|(k, _)| k.contains('/'));
+                extended.shrink_to_fit();
+                // Still sorted: a subsequence of a sorted map.
+                *q = Quantities::from_sorted_store_unchecked(extended);
             }
         }
     }
@@ -843,13 +847,15 @@ mod tests {
     fn pruning_keeps_what_decisions_read() {
         let mut n: SlimNode = serde_json::from_value(json!({"metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
-            "status": {"allocatable": {"cpu": "4", "example.com/gpu": "8"}, "images": [{"names": ["i"]}],
+            "status": {"allocatable": {"cpu": "4", "example.com/gpu": "8", "a.example/x": "2", "memory": "1Gi"}, "images": [{"names": ["i"]}],
                 "conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}]}}))
         .unwrap();
         prune::node(&mut n);
         let v = saferollout_core::views::NodeView::of(&n);
         assert!(v.ready);
         assert_eq!(v.allocatable_count("example.com/gpu"), 8);
+        assert_eq!(v.allocatable_count("a.example/x"), 2);
+        assert_eq!(v.allocatable_count("cpu"), 0, "not an extended resource");
         assert_eq!(v.taints.len(), 1);
         assert_eq!(v.labels.len(), 1);
         assert!(n.metadata.annotations.is_none());
@@ -861,7 +867,7 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .len(),
-            1
+            2
         );
 
         let mut p: SlimPod = serde_json::from_value(json!({"metadata": {"name": "p", "labels": {"controller-revision-hash": "r"}, "annotations": {"x": "y"}},
