@@ -101,16 +101,21 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
     }
 
+    /// Pod `p` on node `n`, live in the cache.
+    fn live_pod(uid: &str) -> AgentPod<'_> {
+        AgentPod {
+            name: "p",
+            uid,
+            node: "n",
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn a_deleted_pod_counts_as_deleting_until_the_cache_shows_it() {
         let mut e = Expectations::default();
         e.pod_deleted("u1", ts(0));
-        let pod = AgentPod {
-            name: "p",
-            uid: "u1",
-            node: "n",
-            ..Default::default()
-        };
+        let pod = live_pod("u1");
         let mut stale = pods_by_node([pod]);
         e.apply(&mut stale, ts(1));
         assert!(stale["n"][0].deleting, "stale cache: still shown live");
@@ -140,12 +145,7 @@ mod tests {
         assert_eq!(e.next_expiry(ts(30)), Some(Duration::from_secs(30)));
         e.delete_refused("u1");
         assert_eq!(e.next_expiry(ts(30)), Some(Duration::from_secs(50)));
-        let pod = AgentPod {
-            name: "p",
-            uid: "u1",
-            node: "n",
-            ..Default::default()
-        };
+        let pod = live_pod("u1");
         let mut pods = pods_by_node([pod]);
         e.apply(&mut pods, ts(31));
         assert!(

@@ -224,7 +224,12 @@ mod tests {
         );
         let st = node.status.as_ref().unwrap();
         assert_eq!(
-            st.allocatable.as_ref().unwrap()[&"example.com/gpu".to_string()].0,
+            st.allocatable
+                .as_ref()
+                .unwrap()
+                .get("example.com/gpu")
+                .unwrap()
+                .0,
             "8"
         );
         assert_eq!(st.conditions.as_ref().unwrap()[0].status, "True");
