@@ -15,16 +15,65 @@ use std::borrow::Cow;
 
 use k8s_openapi::api::core::v1::{ContainerState, Node, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube_core::Resource;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Reads an object's metadata without its `managedFields`: about 40% of an
+/// agent pod's or a node's JSON (2 of 5.7 KB, 2.5 of 4.7 KB on the bench's
+/// cluster), which `ObjectMeta` would decode into a tree of small maps only
+/// for the cache to drop it. serde skips the field without building it.
+fn meta_without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    /// `ObjectMeta` but `managedFields`. The struct literal below names
+    /// every field of `ObjectMeta`, so one it gains fails the build here.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Meta {
+        annotations: Option<BTreeMap<String, String>>,
+        creation_timestamp: Option<Time>,
+        deletion_grace_period_seconds: Option<i64>,
+        deletion_timestamp: Option<Time>,
+        finalizers: Option<Vec<String>>,
+        generate_name: Option<String>,
+        generation: Option<i64>,
+        labels: Option<BTreeMap<String, String>>,
+        name: Option<String>,
+        namespace: Option<String>,
+        owner_references: Option<Vec<OwnerReference>>,
+        resource_version: Option<String>,
+        self_link: Option<String>,
+        uid: Option<String>,
+    }
+    let m = Option::<Meta>::deserialize(d)?;
+    Ok(m.map(|m| ObjectMeta {
+        annotations: m.annotations,
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        finalizers: m.finalizers,
+        generate_name: m.generate_name,
+        generation: m.generation,
+        labels: m.labels,
+        managed_fields: None,
+        name: m.name,
+        namespace: m.namespace,
+        owner_references: m.owner_references,
+        resource_version: m.resource_version,
+        self_link: m.self_link,
+        uid: m.uid,
+    })
+    .unwrap_or_default())
+}
 
 /// A pod as the operator's agent-pod cache keeps it, and as the CLI lists
 /// agent pods: identity, labels, owners, node, phase, conditions and the
 /// containers' states.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct SlimPod {
-    #[serde(default)]
+    /// Without `managedFields`, never decoded.
+    #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<SlimPodSpec>,
@@ -134,7 +183,8 @@ projects!(SlimNode, Node, k8s_openapi::ClusterResourceScope);
 /// and allocatable, conditions. No images, addresses, node info or volumes.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct SlimNode {
-    #[serde(default)]
+    /// Without `managedFields`, never decoded.
+    #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<SlimNodeSpec>,
@@ -203,6 +253,32 @@ mod tests {
             (SlimPod::plural(&()), SlimPod::api_version(&())),
             ("pods".into(), "v1".into())
         );
+    }
+
+    #[test]
+    fn slim_objects_keep_all_metadata_but_managed_fields() {
+        let meta = json!({
+            "name": "p", "namespace": "ns", "uid": "u", "generateName": "p-",
+            "resourceVersion": "7", "generation": 3, "selfLink": "/x",
+            "creationTimestamp": "2026-12-03T10:00:00Z",
+            "deletionTimestamp": "2026-12-03T10:01:00Z", "deletionGracePeriodSeconds": 30,
+            "labels": {"a": "b"}, "annotations": {"c": "d"}, "finalizers": ["f"],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "name": "ds", "uid": "o", "controller": true}],
+            "managedFields": [{"manager": "kubelet", "operation": "Update",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
+        });
+        let mut full: ObjectMeta = serde_json::from_value(meta.clone()).unwrap();
+        assert!(full.managed_fields.is_some());
+        full.managed_fields = None;
+        let pod: SlimPod = serde_json::from_value(json!({"metadata": meta.clone()})).unwrap();
+        let node: SlimNode = serde_json::from_value(json!({"metadata": meta})).unwrap();
+        assert_eq!((&pod.metadata, &node.metadata), (&full, &full));
+        // Absent or null metadata is empty metadata, as before.
+        let bare: SlimPod = serde_json::from_value(json!({"metadata": null})).unwrap();
+        assert_eq!(bare.metadata, ObjectMeta::default());
+        let bare: SlimNode = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(bare.metadata, ObjectMeta::default());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use saferollout_api::{
 
 use crate::objects::{Quantities, SlimNode, SlimPod};
 
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 static NO_QUANTITIES: Quantities = Quantities::new();
 
 /// One agent pod of the target DaemonSet.
@@ -116,15 +116,20 @@ pub struct NodeView<'a> {
 pub struct RolloutLabels<'a> {
     /// `saferollout.dev/rollout`: which SafeRollout holds the node.
     pub rollout: Option<&'a str>,
-    /// `saferollout.dev/stage`: the stage index.
-    pub stage: Option<&'a str>,
+    /// `saferollout.dev/stage`: the stage index (`None` also when the value
+    /// is not one).
+    pub stage: Option<usize>,
+    /// Not on the node yet: the operator queued these labels (see
+    /// `Expectations::apply_labels`).
+    pub queued: bool,
 }
 
 impl<'a> RolloutLabels<'a> {
     pub fn of(labels: &'a BTreeMap<String, String>) -> Self {
         RolloutLabels {
             rollout: labels.get(ROLLOUT_LABEL).map(String::as_str),
-            stage: labels.get(STAGE_LABEL).map(String::as_str),
+            stage: labels.get(STAGE_LABEL).and_then(|s| s.parse().ok()),
+            queued: false,
         }
     }
 }
@@ -291,6 +296,10 @@ impl<'a> NodesByName<'a> {
         self.index.get(name).map(|&i| &self.sorted[i])
     }
 
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeView<'a>> {
+        self.index.get(name).map(|&i| &mut self.sorted[i])
+    }
+
     pub fn contains_key(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
@@ -455,7 +464,7 @@ mod tests {
         .unwrap();
         let v = NodeView::of(&node);
         assert_eq!(v.ours.rollout, Some("ns.plugin"));
-        assert_eq!(v.ours.stage, Some("2"));
+        assert_eq!(v.ours.stage, Some(2));
         assert_eq!(v.ours.rollout, v.label(ROLLOUT_LABEL));
     }
 }

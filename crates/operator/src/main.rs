@@ -6,12 +6,16 @@ use clap::Parser;
 use saferollout_operator::{controller, leader, metrics};
 use tracing_subscriber::EnvFilter;
 
+// Feature `system-allocator`: the C library's malloc, for heap profilers
+// such as heaptrack that only see it (jemalloc's symbols are prefixed).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options: freed pages go back to the kernel within a second
 /// (default 10 s), by a background thread rather than on the reconcile path.
 /// `_RJEM_MALLOC_CONF` in the environment still overrides them.
+#[cfg(not(feature = "system-allocator"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: Option<&'static u8> =
     Some(&b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);

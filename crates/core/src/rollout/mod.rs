@@ -537,7 +537,7 @@ fn progress_deadline(o: &Observed) -> Duration {
 }
 
 /// The nodes carrying this rollout's label now, with their stage label.
-fn labelled_nodes<'a>(o: &Observed<'a>) -> BTreeMap<&'a str, Option<&'a str>> {
+fn labelled_nodes<'a>(o: &Observed<'a>) -> BTreeMap<&'a str, Option<usize>> {
     o.nodes
         .values()
         .filter(|n| n.ours.rollout == Some(o.rollout_id))

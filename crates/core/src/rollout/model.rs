@@ -16,6 +16,7 @@
 //! property tests' choices.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
@@ -237,6 +238,20 @@ pub struct Model {
     /// Per probe pod: passes in a row it existed while its probe was not
     /// pending in the current stage (it should be deleted).
     pub probe_orphaned: BTreeMap<String, usize>,
+    /// Node label writes (labelled or unlabelled), one per node and action.
+    pub label_writes: usize,
+    /// Label writes queued (nodes, stage; `None`: removal), written at the
+    /// next tick.
+    label_queue: Vec<(Vec<String>, Option<usize>)>,
+    /// The API server's answers to label writes arrive a second after the
+    /// watch shows them (the operator's writer records a write only once its
+    /// response is in; the node watch may deliver the label first).
+    pub label_responses_lag: bool,
+    /// Label writes made whose responses the writer records next second.
+    label_responses: Vec<(String, Option<usize>)>,
+    /// The writer recorded the answers of a queued job: as the operator's
+    /// writer does, it wakes the rollout for a pass.
+    writer_woke: bool,
 }
 
 impl Model {
@@ -281,6 +296,11 @@ impl Model {
             trace: Vec::new(),
             budget_at_last_delete: 0,
             probe_orphaned: BTreeMap::new(),
+            label_writes: 0,
+            label_queue: Vec::new(),
+            label_responses_lag: false,
+            label_responses: Vec::new(),
+            writer_woke: false,
         };
         for i in 0..nodes {
             m.add_node(&format!("node-{i:02}"), i);
@@ -425,7 +445,52 @@ impl Model {
 
     /// One second of the cluster: the DaemonSet controller, the kubelets and
     /// the agents move.
+    fn queue_labels(&mut self, nodes: &[String], stage: Option<usize>) {
+        for n in nodes {
+            self.expectations.label_queued(n, stage, self.now);
+        }
+        self.label_queue.push((nodes.to_vec(), stage));
+    }
+
+    /// The label writer's work: every queued write, in order.
+    fn write_labels(&mut self) {
+        // Answers of last second's writes (when they lag behind the watch).
+        for (n, stage) in std::mem::take(&mut self.label_responses) {
+            self.expectations.label_written(&n, stage, self.now);
+            self.writer_woke = true;
+        }
+        for (nodes, stage) in std::mem::take(&mut self.label_queue) {
+            for n in &nodes {
+                if self.expectations.label_superseded(n, stage) {
+                    continue; // as the operator's writer: a later write is queued
+                }
+                self.label_writes += 1;
+                let Some(node) = self.cluster.nodes.get_mut(n) else {
+                    self.expectations.label_failed(n, stage); // 404
+                    continue;
+                };
+                match stage {
+                    Some(stage) => {
+                        node.labels.insert(ROLLOUT_LABEL.into(), ROLLOUT_ID.into());
+                        node.labels.insert(STAGE_LABEL.into(), stage.to_string());
+                    }
+                    None => {
+                        node.labels.remove(ROLLOUT_LABEL);
+                        node.labels.remove(STAGE_LABEL);
+                    }
+                }
+                if self.label_responses_lag {
+                    self.label_responses.push((n.clone(), stage));
+                } else {
+                    self.expectations.label_written(n, stage, self.now);
+                }
+            }
+            self.writer_woke = true;
+        }
+    }
+
     pub fn advance(&mut self) {
+        self.write_labels();
         self.now += SignedDuration::from_secs(1);
         let ds = &mut self.cluster.ds;
         if ds.observed_generation < ds.generation {
@@ -592,6 +657,9 @@ impl Model {
     /// Drops the caches' lag and the operator's memory: a restarted operator.
     pub fn restart_operator(&mut self) {
         self.expectations = Expectations::default();
+        // Label writes still queued die with the process.
+        self.label_queue.clear();
+        self.label_responses.clear();
         let newest = self.history.len() - 1;
         self.shown = [newest; 3];
     }
@@ -664,11 +732,13 @@ impl Model {
     }
 
     fn decide_on(&mut self, pods_c: &Cluster, nodes_c: &Cluster, ds_c: &Cluster) -> Decision {
-        let node_views: NodesByName = nodes_c
+        let mut node_views: NodesByName = nodes_c
             .nodes
             .values()
             .map(|n| (n.name.as_str(), node_view(n)))
             .collect();
+        self.expectations
+            .apply_labels(&mut node_views, ROLLOUT_ID, self.now);
         let mut pods = PodsByNode::default();
         for p in pods_c.pods.values() {
             pods.entry(p.node.as_str()).or_default().push(pod_view(p));
@@ -788,22 +858,10 @@ impl Model {
                     self.cluster.backup = Some(revision.clone());
                 }
             }
-            Action::LabelNodes { nodes, stage } => {
-                for n in nodes {
-                    if let Some(node) = self.cluster.nodes.get_mut(n) {
-                        node.labels.insert(ROLLOUT_LABEL.into(), ROLLOUT_ID.into());
-                        node.labels.insert(STAGE_LABEL.into(), stage.to_string());
-                    }
-                }
-            }
-            Action::UnlabelNodes { nodes } => {
-                for n in nodes {
-                    if let Some(node) = self.cluster.nodes.get_mut(n) {
-                        node.labels.remove(ROLLOUT_LABEL);
-                        node.labels.remove(STAGE_LABEL);
-                    }
-                }
-            }
+            // As the operator does: queued (and remembered) now, written by
+            // the label writer later (at the next tick).
+            Action::LabelNodes { nodes, stage } => self.queue_labels(nodes, Some(*stage)),
+            Action::UnlabelNodes { nodes } => self.queue_labels(nodes, None),
             Action::DeletePods { pods } => {
                 let exempt = self.exempt_nodes();
                 for r in pods {
@@ -1146,6 +1204,60 @@ impl Model {
             "did not settle in {max_ticks} ticks; status: {:#?}",
             self.status
         );
+    }
+
+    /// Runs passes only when the operator would: a watched object changed
+    /// (the cluster, with fresh caches, or the status the last pass wrote), a
+    /// requeue the last pass asked for is due (its decision's, or a
+    /// remembered write's expiry), or the label writer finished a job. Every
+    /// second, until the rollout has succeeded with every covered node on
+    /// `revision`: false if it has not after `max_ticks` seconds (a pass that
+    /// waited for something whose arrival wakes nothing).
+    pub fn run_woken(&mut self, revision: &str, max_ticks: usize) -> bool {
+        let mut seen: Option<String> = None;
+        let mut due: Option<Timestamp> = Some(self.now);
+        for _ in 0..max_ticks {
+            if self.status.phase == Some(saferollout_api::Phase::Succeeded) && self.all_on(revision) {
+                return true;
+            }
+            let watched = format!("{}{:?}", self.fingerprint(), self.allocatable());
+            let writer_woke = std::mem::take(&mut self.writer_woke);
+            let woken = writer_woke
+                || seen.as_ref() != Some(&watched)
+                || due.is_some_and(|t| t <= self.now);
+            if woken {
+                seen = Some(watched);
+                let status_before = self.status.clone();
+                let d = self.reconcile(Lag::default(), Losses::default());
+                let requeue = match &d {
+                    // Waited for the DaemonSet cache: 200 ms.
+                    None => Some(Duration::ZERO),
+                    Some(d) => [d.requeue_after, self.expectations.next_expiry(self.now)]
+                        .into_iter()
+                        .flatten()
+                        .min(),
+                };
+                // The status write comes back through the watch.
+                let requeue = if self.status != status_before {
+                    Some(Duration::ZERO)
+                } else {
+                    requeue
+                };
+                due = requeue
+                    .map(|r| self.now + SignedDuration::from_secs(r.as_secs_f64().ceil() as i64));
+            }
+            self.advance();
+        }
+        false
+    }
+
+    /// Every node's allocatable: the node watch delivers its changes.
+    fn allocatable(&self) -> Vec<(&String, &crate::objects::Quantities)> {
+        self.cluster
+            .nodes
+            .values()
+            .map(|n| (&n.name, &n.allocatable))
+            .collect()
     }
 
     /// What of the cluster a settled rollout would react to.

@@ -71,7 +71,7 @@ pub(super) fn roll(
         phase::stalled(st, o, Phase::Failed, "NoEligibleNodes", e.to_string());
         return None;
     }
-    sync_labels(o, st, actions, index);
+    let labelled = sync_labels(o, st, actions, index);
 
     // Every node the rollout holds now, and their baselines.
     // (Borrowed from the snapshot, not from status, which changes below.)
@@ -187,7 +187,11 @@ pub(super) fn roll(
         .copied()
         .filter(|n| !violating.contains(*n))
         .collect();
-    if !replaceable.is_empty() {
+    // A stage's pods are replaced once its nodes all carry their labels (the
+    // runbook's "label the nodes, then roll out there"), written beside the
+    // passes: at thousands of nodes a stage's replacements would otherwise
+    // start among thousands of node updates.
+    if !replaceable.is_empty() && labelled {
         let held: BTreeSet<&str> = rollout_nodes
             .iter()
             .copied()
@@ -450,12 +454,18 @@ fn reconcile_membership(
     Ok(())
 }
 
-/// Makes exactly the nodes the stages hold carry this rollout's labels.
+/// Makes exactly the nodes the stages hold carry this rollout's labels; true
+/// when they all do already (none to write, none queued).
 ///
 /// Runs on every pass over every node the stages hold: hash lookups, and the
 /// stages' own (sorted) node lists give the order, rather than sorted maps
 /// of every node rebuilt per pass.
-fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, index: usize) {
+fn sync_labels(
+    o: &Observed,
+    st: &SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    index: usize,
+) -> bool {
     let held = || st.stages.iter().filter(|s| s.index as usize <= index);
     // A node listed by two stages belongs to the later one.
     let mut desired: HashMap<&str, usize, foldhash::fast::FixedState> = HashMap::default();
@@ -465,18 +475,20 @@ fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, 
         }
     }
     let mut by_stage: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut in_place = true;
     for s in held() {
         let stage = s.index as usize;
-        let want = stage.to_string();
         for n in &s.nodes {
             if desired.get(n.as_str()) != Some(&stage) {
                 continue;
             }
             let Some(view) = o.nodes.get(n) else { continue };
             let labelled =
-                view.ours.rollout == Some(o.rollout_id) && view.ours.stage == Some(want.as_str());
+                view.ours.rollout == Some(o.rollout_id) && view.ours.stage == Some(stage);
             if !labelled {
                 by_stage.entry(stage).or_default().push(n.clone());
+            } else if view.ours.queued {
+                in_place = false;
             }
         }
     }
@@ -484,6 +496,7 @@ fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, 
         nodes.sort();
         nodes.dedup();
         actions.push(Action::LabelNodes { nodes, stage });
+        in_place = false;
     }
     let extra: Vec<String> = o
         .nodes
@@ -495,6 +508,7 @@ fn sync_labels(o: &Observed, st: &SafeRolloutStatus, actions: &mut Vec<Action>, 
     if !extra.is_empty() {
         actions.push(Action::UnlabelNodes { nodes: extra });
     }
+    in_place
 }
 
 /// A gate failed (or a person aborted): block the revision, record which

@@ -15,11 +15,12 @@ pub mod caches;
 pub mod device_writes;
 pub mod devices;
 pub mod error;
+pub mod labels;
 pub mod proof;
 pub mod snapshot;
 pub mod writes;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +69,21 @@ pub struct RolloutMemory {
     /// to: until the cache moves past that version it cannot show the
     /// finalizer, and a second add would fail its JSON-patch test (422).
     pub finalizer_added_to: Option<(String, String)>,
+    /// The writer of this rollout's node labels (see [`labels`]).
+    pub labels: Option<labels::Writer>,
+}
+
+/// Every SafeRollout's memory, shared with their label writers.
+pub type Memories = Arc<Mutex<HashMap<RolloutKey, RolloutMemory>>>;
+
+/// Runs `f` on the memory of `key` in `all`.
+pub fn with_memory<R>(
+    all: &Mutex<HashMap<RolloutKey, RolloutMemory>>,
+    key: &RolloutKey,
+    f: impl FnOnce(&mut RolloutMemory) -> R,
+) -> R {
+    let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
+    f(all.entry(key.clone()).or_default())
 }
 
 pub struct Context {
@@ -76,14 +92,25 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub fence: Arc<Fence>,
-    memory: Mutex<HashMap<RolloutKey, RolloutMemory>>,
+    /// Where the label writers send a rollout's next pass.
+    triggers: Arc<Triggers>,
+    memory: Memories,
 }
 
 impl Context {
     /// Runs `f` on the memory of `key`.
     pub fn memory<R>(&self, key: &RolloutKey, f: impl FnOnce(&mut RolloutMemory) -> R) -> R {
-        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        f(all.entry(key.clone()).or_default())
+        with_memory(&self.memory, key, f)
+    }
+
+    /// What a rollout's label writer needs (see [`labels`]).
+    pub fn label_writes(&self) -> labels::Shared {
+        labels::Shared {
+            client: self.client.clone(),
+            fence: self.fence.clone(),
+            memory: self.memory.clone(),
+            triggers: self.triggers.clone(),
+        }
     }
 
     fn forget(&self, key: &RolloutKey) {
@@ -431,8 +458,9 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     if let Some(requeue) = outcome? {
         return Ok(requeue);
     }
-    // A remembered deletion the cache never confirms (one that timed out and
-    // did not happen) is forgotten after a while: decide again then.
+    // A remembered deletion or label write the cache never confirms (one that
+    // timed out and did not happen, labels changed again meanwhile) is
+    // forgotten after a while: decide again then.
     let deletion_expiry = ctx
         .memory(key, |m| m.expectations.next_expiry(Timestamp::now()))
         .map(|d| d.max(Duration::from_millis(200)));
@@ -500,31 +528,9 @@ async fn run_preflight(
             None
         }
     };
-    let nodes: Vec<preflight::NodeFacts> = ctx
-        .caches
-        .nodes
-        .state()
-        .iter()
-        .map(|n| preflight::NodeFacts {
-            name: n.name_any(),
-            capacity: n
-                .status
-                .as_ref()
-                .and_then(|s| s.capacity.as_ref())
-                .map(|c| {
-                    c.iter()
-                        .filter_map(|(k, q)| Some((k.clone(), saferollout_api::quantity_count(q)?)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            taints: n
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default(),
-            labels: n.labels().clone(),
-        })
-        .collect();
+    let nodes = ctx.caches.nodes.state();
+    let nodes: Vec<preflight::NodeFacts> =
+        nodes.iter().map(|n| preflight::NodeFacts::of(n)).collect();
     let pods: Vec<_> = world.agent_pods().collect();
     let gated: Vec<String> = sr
         .spec
@@ -559,7 +565,10 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
         writes::give_back(ctx, &key.0, &sr.spec.target_ref.name, &original).await?;
     }
     let id = ctx.rollout_id(key);
-    let labelled: Vec<String> = ctx
+    // Label writes still queued land first; those the cache does not show
+    // yet are in the expectations.
+    labels::drain(&ctx.label_writes(), key).await;
+    let mut labelled: BTreeSet<String> = ctx
         .caches
         .nodes
         .state()
@@ -567,6 +576,10 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
         .filter(|n| n.labels().get(saferollout_api::ROLLOUT_LABEL) == Some(&id))
         .map(|n| n.name_any())
         .collect();
+    ctx.memory(key, |m| {
+        labelled.extend(m.expectations.labelled_nodes().map(str::to_string))
+    });
+    let labelled: Vec<String> = labelled.into_iter().collect();
     if !labelled.is_empty() {
         writes::unlabel(ctx, &labelled).await?;
     }
@@ -657,7 +670,8 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), Reporter::from("saferollout-operator")),
         metrics: metrics.clone(),
         fence,
-        memory: Mutex::new(HashMap::new()),
+        triggers: triggers.clone(),
+        memory: Default::default(),
     });
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

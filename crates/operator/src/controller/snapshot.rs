@@ -182,12 +182,13 @@ pub fn decide(
     extras: Extras,
     expectations: &mut Expectations,
 ) -> (Decision, NodeCounts) {
-    let node_views: NodesByName = world
+    let mut node_views: NodesByName = world
         .nodes
         .iter()
         .map(|n| NodeView::of(n))
         .map(|v| (v.name, v))
         .collect();
+    expectations.apply_labels(&mut node_views, extras.rollout_id, extras.now);
     let mut pods: PodsByNode = pods_by_node(world.agent_pods());
     expectations.apply(&mut pods, extras.now);
     let revision_views = world.revision_views();

@@ -45,10 +45,10 @@ pub fn is_failed_guard(s: &kube::core::Status) -> bool {
     s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
 }
 
-/// Node label patches and pod deletions of one action in flight at once: a
-/// stage of hundreds of nodes is labelled, and a batch of maxUnavailable pods
-/// deleted, in a few round trips instead of one per node (the DaemonSet
-/// controller deletes a whole batch in parallel).
+/// Pod deletions (and a clean-up's label removals) of one action in flight
+/// at once: a batch of maxUnavailable pods is deleted in a few round trips
+/// instead of one per node (the DaemonSet controller deletes a whole batch in
+/// parallel).
 const PARALLEL_WRITES: usize = 64;
 
 fn fenced(ctx: &Context) -> Result<()> {
@@ -59,11 +59,23 @@ fn fenced(ctx: &Context) -> Result<()> {
     }
 }
 
-fn patch_params() -> PatchParams {
+pub(super) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     }
+}
+
+/// The server-side apply body of a status write, serialised straight from
+/// the status: `json!` would first build a `serde_json::Value` tree of it,
+/// and at 5,000 nodes a stage's per-node baselines make that tree several MB
+/// a write.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusPatch<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    status: &'a SafeRolloutStatus,
 }
 
 /// Writes `new` when it differs from `old`; remembers the written resource
@@ -80,11 +92,11 @@ pub async fn status(
     }
     fenced(ctx)?;
     let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &key.0);
-    let patch = json!({
-        "apiVersion": saferollout_api::API_VERSION,
-        "kind": saferollout_api::KIND,
-        "status": new,
-    });
+    let patch = StatusPatch {
+        api_version: saferollout_api::API_VERSION,
+        kind: saferollout_api::KIND,
+        status: new,
+    };
     let written = api
         .patch_status(
             &key.1,
@@ -175,13 +187,14 @@ pub async fn perform(
         Action::BackupTemplate { revision } => backup_template(sr, ctx, ns, world, revision)
             .await
             .map(|_| None),
+        // Queued for the rollout's label writer (see `labels`): never waited for.
         Action::LabelNodes { nodes, stage } => {
-            let labels = json!({"metadata": {"labels": {STAGE_LABEL: stage.to_string(), ROLLOUT_LABEL: id}}});
-            patch_nodes(ctx, nodes, labels).await.map(|_| None)
+            super::labels::queue(&ctx.label_writes(), key, &id, nodes, Some(*stage));
+            Ok(None)
         }
         Action::UnlabelNodes { nodes } => {
-            let labels = json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}});
-            patch_nodes(ctx, nodes, labels).await.map(|_| None)
+            super::labels::queue(&ctx.label_writes(), key, &id, nodes, None);
+            Ok(None)
         }
         Action::DeletePods { pods } => delete_pods(ctx, key, pods).await.map(|_| None),
         Action::CreateProbe {
