@@ -344,3 +344,31 @@ pub async fn node_names(client: &Client) -> anyhow::Result<Vec<String>> {
     });
     Ok(names)
 }
+
+/// How long the API server takes to stream every node and every DaemonSet
+/// pod (streaming lists, as the operator's caches start: the same two
+/// largest sets) to a client that only reads the bytes, both at once. The
+/// floor of the operator's start-up on this machine: what is left of its
+/// start-up above it is the operator's own (decoding, caches, the first pass).
+pub async fn stream_floor(client: &Client) -> anyhow::Result<f64> {
+    use futures::AsyncBufReadExt;
+    let query = "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+    let read = |path: String| async move {
+        let request = http::Request::get(&path).body(Vec::new())?;
+        let mut lines = client.request_stream(request).await?.lines();
+        while let Some(line) = lines.next().await {
+            if line?.contains("k8s.io/initial-events-end") {
+                return anyhow::Ok(());
+            }
+        }
+        anyhow::bail!("{path}: the stream ended before its initial events did")
+    };
+    let started = std::time::Instant::now();
+    futures::try_join!(
+        read(format!("/api/v1/nodes?{query}")),
+        read(format!(
+            "/api/v1/pods?labelSelector=controller-revision-hash&{query}"
+        )),
+    )?;
+    Ok(started.elapsed().as_secs_f64())
+}

@@ -39,6 +39,10 @@ pub struct SizeResult {
     pub rollouts: Vec<RolloutRun>,
     pub reaction: Vec<FaultResult>,
     pub multi: Option<MultiRun>,
+    /// A bare client's streaming list of every node and DaemonSet pod, in
+    /// seconds, median of three (see `k8s::stream_floor`).
+    #[serde(default)]
+    pub stream_floor_secs: Option<f64>,
     /// Control-plane components at the end of the size's runs.
     pub components: Vec<Component>,
     /// Anything that did not go as planned.
