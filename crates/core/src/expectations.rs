@@ -87,19 +87,25 @@ impl Expectations {
         self.deleted.remove(uid);
     }
 
-    /// How long until the oldest remembered deletion is forgotten: the pass
-    /// that decides again on that pod must run by then even if no watch event
-    /// wakes it (a deletion that timed out and never happened).
+    /// How long until the oldest remembered deletion or label write is
+    /// forgotten: the pass that decides again on that pod or node must run by
+    /// then even if no watch event wakes it (a deletion that timed out and
+    /// never happened, a label the cache never shows).
     pub fn next_expiry(&self, now: Timestamp) -> Option<Duration> {
         let deletions = self
             .deleted
             .values()
             .map(|at| DELETION_TTL.saturating_sub(elapsed(*at, now)));
-        let labels = self
-            .labels
-            .values()
-            .filter(|w| w.written)
-            .map(|w| LABELS_TTL.saturating_sub(elapsed(w.at, now)));
+        // A queued write's expiry too: its writer answers long before, but a
+        // pass must come then even if no answer ever does.
+        let labels = self.labels.values().map(|w| {
+            let ttl = if w.written {
+                LABELS_TTL
+            } else {
+                QUEUED_LABELS_TTL
+            };
+            ttl.saturating_sub(elapsed(w.at, now))
+        });
         deletions.chain(labels).min()
     }
 
@@ -319,6 +325,12 @@ mod tests {
         e.label_written("gone", Some(1), ts(0));
         e.label_queued("c", Some(1), ts(0));
         assert_eq!(e.next_expiry(ts(10)), Some(Duration::from_secs(20)));
+        let mut queued_only = Expectations::default();
+        queued_only.label_queued("c", Some(1), ts(0));
+        assert_eq!(
+            queued_only.next_expiry(ts(10)),
+            Some(Duration::from_secs(290))
+        );
         assert_eq!(e.labelled_nodes().collect::<Vec<_>>(), ["a", "c", "gone"]);
         // A stale cache: a and c unlabelled, b still labelled.
         let stale = [node("a", None), node("b", Some("0")), node("c", None)];

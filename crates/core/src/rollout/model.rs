@@ -1217,7 +1217,8 @@ impl Model {
         let mut seen: Option<String> = None;
         let mut due: Option<Timestamp> = Some(self.now);
         for _ in 0..max_ticks {
-            if self.status.phase == Some(saferollout_api::Phase::Succeeded) && self.all_on(revision) {
+            if self.status.phase == Some(saferollout_api::Phase::Succeeded) && self.all_on(revision)
+            {
                 return true;
             }
             let watched = format!("{}{:?}", self.fingerprint(), self.allocatable());
