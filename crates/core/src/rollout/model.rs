@@ -247,8 +247,9 @@ pub struct Model {
     /// watch shows them (the operator's writer records a write only once its
     /// response is in; the node watch may deliver the label first).
     pub label_responses_lag: bool,
-    /// Label writes made whose responses the writer records next second.
-    label_responses: Vec<(String, Option<usize>)>,
+    /// Label writes made whose answers the writer records next second
+    /// (`Some` once a job's writes are made, with `label_responses_lag`).
+    label_responses: Option<Vec<(String, Option<usize>)>>,
     /// The writer recorded the answers of a queued job: as the operator's
     /// writer does, it wakes the rollout for a pass.
     writer_woke: bool,
@@ -299,7 +300,7 @@ impl Model {
             label_writes: 0,
             label_queue: Vec::new(),
             label_responses_lag: false,
-            label_responses: Vec::new(),
+            label_responses: None,
             writer_woke: false,
         };
         for i in 0..nodes {
@@ -443,8 +444,8 @@ impl Model {
             .collect()
     }
 
-    /// One second of the cluster: the DaemonSet controller, the kubelets and
-    /// the agents move.
+    /// Queues label writes, remembered at once, as the operator's pass does
+    /// (`labels::queue`); the writer makes them at the next second.
     fn queue_labels(&mut self, nodes: &[String], stage: Option<usize>) {
         for n in nodes {
             self.expectations.label_queued(n, stage, self.now);
@@ -454,9 +455,12 @@ impl Model {
 
     /// The label writer's work: every queued write, in order.
     fn write_labels(&mut self) {
-        // Answers of last second's writes (when they lag behind the watch).
-        for (n, stage) in std::mem::take(&mut self.label_responses) {
-            self.expectations.label_written(&n, stage, self.now);
+        // Answers of last second's writes (when they lag behind the watch):
+        // the writer wakes the rollout once it has recorded them.
+        if let Some(answers) = self.label_responses.take() {
+            for (n, stage) in answers {
+                self.expectations.label_written(&n, stage, self.now);
+            }
             self.writer_woke = true;
         }
         for (nodes, stage) in std::mem::take(&mut self.label_queue) {
@@ -480,15 +484,22 @@ impl Model {
                     }
                 }
                 if self.label_responses_lag {
-                    self.label_responses.push((n.clone(), stage));
+                    let answers = self.label_responses.get_or_insert_default();
+                    answers.push((n.clone(), stage));
                 } else {
                     self.expectations.label_written(n, stage, self.now);
                 }
             }
-            self.writer_woke = true;
+            if self.label_responses_lag {
+                self.label_responses.get_or_insert_default();
+            } else {
+                self.writer_woke = true;
+            }
         }
     }
 
+    /// One second of the cluster: the DaemonSet controller, the kubelets and
+    /// the agents move.
     pub fn advance(&mut self) {
         self.write_labels();
         self.now += SignedDuration::from_secs(1);
@@ -659,7 +670,7 @@ impl Model {
         self.expectations = Expectations::default();
         // Label writes still queued die with the process.
         self.label_queue.clear();
-        self.label_responses.clear();
+        self.label_responses = None;
         let newest = self.history.len() - 1;
         self.shown = [newest; 3];
     }
