@@ -43,7 +43,8 @@ pub use spec::{
 };
 pub use status::{
     AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, NodeNote, Phase,
-    PreflightFinding, PreflightStatus, Progress, SafeRolloutStatus, StageState, StageStatus,
+    PreflightFinding, PreflightStatus, Progress, ResourceCounts, SafeRolloutStatus, StageState,
+    StageStatus,
 };
 pub use validate::FieldError;
 

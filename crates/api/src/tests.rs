@@ -161,8 +161,8 @@ fn full_example_deserialises_and_round_trips() {
     assert_eq!(status.condition(CONDITION_READY).unwrap().status, "False");
     assert!(status.is_blocked("7a8b9c0d1"));
     assert_eq!(
-        status.stage(0).unwrap().baseline["node-a"]["nvidia.com/gpu"],
-        8
+        status.stage(0).unwrap().baseline["node-a"].get("nvidia.com/gpu"),
+        Some(&8)
     );
     assert_eq!(
         status.stage(0).unwrap().gates[1].since,
@@ -202,12 +202,13 @@ fn status_built_in_code_serialises_deterministically() {
     let mut baseline = BTreeMap::new();
     baseline.insert(
         "node-b".to_string(),
-        BTreeMap::from([("nvidia.com/gpu".to_string(), 4)]),
+        [("nvidia.com/gpu".to_string(), 4)].into_iter().collect(),
     );
-    baseline.insert(
-        "node-a".to_string(),
-        BTreeMap::from([("nvidia.com/gpu".to_string(), 8)]),
-    );
+    // Resources inserted out of order: a node's counts are sorted all the same.
+    let mut node_a = ResourceCounts::new();
+    node_a.insert("nvidia.com/gpu".to_string(), 8);
+    node_a.insert("amd.com/gpu".to_string(), 2);
+    baseline.insert("node-a".to_string(), node_a);
     let status = SafeRolloutStatus {
         observed_generation: Some(1),
         phase: Some(Phase::RollingBack),
@@ -245,8 +246,13 @@ fn status_built_in_code_serialises_deterministically() {
     let a = serde_json::to_string(&status).unwrap();
     let b = serde_json::to_string(&status.clone()).unwrap();
     assert_eq!(a, b);
-    // Maps are ordered by key whatever the insertion order.
+    // Maps are ordered by key whatever the insertion order, and a node's
+    // counts are a JSON object like any map.
     assert!(a.find("node-a").unwrap() < a.find("\"node-b\":").unwrap());
+    assert!(
+        a.contains(r#""node-a":{"amd.com/gpu":2,"nvidia.com/gpu":8}"#),
+        "{a}"
+    );
     // Absent optional fields are not serialised.
     assert!(!a.contains("null"), "{a}");
     assert!(!a.contains("lastGoodTemplate"));

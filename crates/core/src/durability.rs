@@ -295,9 +295,10 @@ mod tests {
             last_transition_time: Time(ts(0)),
             observed_generation: Some(1),
         }];
-        base.stages[0]
-            .baseline
-            .insert("a".into(), [("example.com/gpu".to_string(), 8)].into());
+        base.stages[0].baseline.insert(
+            "a".into(),
+            [("example.com/gpu".to_string(), 8)].into_iter().collect(),
+        );
         type Change = (&'static str, fn(&mut SafeRolloutStatus));
         let changes: Vec<Change> = vec![
             ("nothing", |_| {}),
@@ -448,9 +449,10 @@ mod tests {
         degraded.phase = Some(saferollout_api::Phase::RollingBack);
         assert!(!status_may_trail(&old, &degraded, &[delete()]));
         let mut baseline = old.clone();
-        baseline.stages[0]
-            .baseline
-            .insert("c".into(), [("example.com/gpu".to_string(), 8)].into());
+        baseline.stages[0].baseline.insert(
+            "c".into(),
+            [("example.com/gpu".to_string(), 8)].into_iter().collect(),
+        );
         assert!(!status_may_trail(&old, &baseline, &[delete()]));
         assert!(!status_may_trail(&old, &old, &[Action::RestoreLastGood]));
         assert!(!status_may_trail(

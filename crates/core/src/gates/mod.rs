@@ -47,7 +47,7 @@ pub struct Snapshot<'a> {
     pub target_revision: &'a str,
     /// The baselines of the rollout's stages so far, in stage order (see
     /// [`Snapshot::baseline`]).
-    pub baselines: &'a [&'a BTreeMap<String, BTreeMap<String, i64>>],
+    pub baselines: &'a [&'a BTreeMap<String, saferollout_api::ResourceCounts>],
     /// How long the rollout has gone without progress.
     pub without_progress: Duration,
     /// `spec.progressDeadline`.
@@ -74,7 +74,7 @@ impl<'a> Snapshot<'a> {
     /// Per resource: the allocatable of `node` captured before the stage
     /// touched it (`None` for a node that joined the rollout on its own). A
     /// node is in one stage; were it in two, the later stage's record counts.
-    pub fn baseline(&self, node: &str) -> Option<&'a BTreeMap<String, i64>> {
+    pub fn baseline(&self, node: &str) -> Option<&'a saferollout_api::ResourceCounts> {
         self.baselines.iter().rev().find_map(|b| b.get(node))
     }
 
@@ -266,7 +266,7 @@ pub(crate) mod test_support {
         pub nodes: Vec<String>,
         pub pods: BTreeMap<String, Vec<TestPod>>,
         pub node_states: BTreeMap<String, TestNode>,
-        pub baseline: BTreeMap<String, BTreeMap<String, i64>>,
+        pub baseline: BTreeMap<String, saferollout_api::ResourceCounts>,
         pub device_baseline: BTreeMap<String, NodeDevices>,
         pub probed: BTreeSet<String>,
         pub now: Timestamp,
@@ -292,7 +292,9 @@ pub(crate) mod test_support {
                 w.set_alloc(n, &gpus.to_string());
                 w.baseline.insert(
                     n.clone(),
-                    BTreeMap::from([("example.com/gpu".to_string(), gpus)]),
+                    [("example.com/gpu".to_string(), gpus)]
+                        .into_iter()
+                        .collect(),
                 );
             }
             w

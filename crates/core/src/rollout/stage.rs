@@ -36,7 +36,7 @@ use crate::plan::{self, PlanError};
 use crate::views::{DaemonSetView, live_pods};
 
 /// One stage's baselines: per node, per resource, the allocatable before the stage.
-type Baseline = BTreeMap<String, BTreeMap<String, i64>>;
+type Baseline = BTreeMap<String, saferollout_api::ResourceCounts>;
 
 /// Take `target` through the stages.
 pub(super) fn roll(

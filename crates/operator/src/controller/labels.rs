@@ -150,7 +150,11 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
             if superseded {
                 return (node, Ok(None));
             }
-            let r = api.patch(&node, &params, &Patch::Merge(&*labels)).await;
+            // Answered with the node's metadata only (PartialObjectMetadata):
+            // not its status, for each of a stage's thousands of writes.
+            let r = api
+                .patch_metadata(&node, &params, &Patch::Merge(&*labels))
+                .await;
             (node, r.map(Some).map_err(Some))
         }
     });

@@ -78,6 +78,19 @@ struct StatusPatch<'a> {
     status: &'a SafeRolloutStatus,
 }
 
+/// Of a written object, what a status write reads back; serde skips the rest
+/// of the answer without building it.
+#[derive(serde::Deserialize)]
+struct WrittenVersion {
+    metadata: WrittenMeta,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenMeta {
+    resource_version: Option<String>,
+}
+
 /// Writes `new` when it differs from `old`; remembers the written resource
 /// version so a reconcile does not decide from an older cached status.
 pub async fn status(
@@ -91,19 +104,25 @@ pub async fn status(
         return Ok(false);
     }
     fenced(ctx)?;
-    let api: Api<SafeRollout> = Api::namespaced(ctx.client.clone(), &key.0);
     let patch = StatusPatch {
         api_version: saferollout_api::API_VERSION,
         kind: saferollout_api::KIND,
         status: new,
     };
-    let written = api
-        .patch_status(
+    // The request `Api::patch_status` makes, but only the answer's resource
+    // version is decoded: decoding the whole SafeRollout would copy, for a
+    // moment, the status just written (every node of the plan and its
+    // baseline) on top of the copies the pass and the cache hold.
+    let mut request = kube::core::Request::new(SafeRollout::url_path(&(), Some(&key.0)))
+        .patch_subresource(
+            "status",
             &key.1,
             &PatchParams::apply(FIELD_MANAGER),
             &Patch::Apply(patch),
         )
-        .await?;
+        .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert("patch_status");
+    let written: WrittenVersion = ctx.client.request(request).await?;
     let rv = written
         .metadata
         .resource_version
@@ -452,4 +471,27 @@ pub async fn unlabel(ctx: &Context, nodes: &[String]) -> Result<()> {
     fenced(ctx)?;
     let labels = json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}});
     patch_nodes(ctx, nodes, labels).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer to a status write is the whole SafeRollout; only its
+    /// resource version is read (and must be: a pass compares it with the
+    /// cached status's).
+    #[test]
+    fn a_status_writes_answer_yields_its_resource_version() {
+        let answer = json!({
+            "apiVersion": "saferollout.dev/v1alpha1",
+            "kind": "SafeRollout",
+            "metadata": {"name": "plugin", "namespace": "gpu", "resourceVersion": "4711",
+                         "managedFields": [{"manager": "saferollout-operator"}]},
+            "spec": {"targetRef": {"name": "plugin"}},
+            "status": {"stages": [{"index": 0, "nodes": ["node-a"],
+                                   "baseline": {"node-a": {"nvidia.com/gpu": 8}}}]},
+        });
+        let written: WrittenVersion = serde_json::from_value(answer).unwrap();
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("4711"));
+    }
 }
