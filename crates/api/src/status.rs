@@ -261,7 +261,26 @@ pub struct BlockedRevision {
 /// (368 bytes for one or two resources), 1.8 MB per copy of a 5,000-node
 /// stage's status, of which a pass holds several at once (the cached
 /// object, the one a watch event brings, the decision's, the write's).
+///
+/// Serialise it through [`counts_as_objects`], not its own `Serialize`:
+/// litemap writes an empty map as `[]` (it cannot tell from no entry whether
+/// its keys would make JSON object keys), which the schema refuses for a
+/// node whose gates read no extended resource.
 pub type ResourceCounts = litemap::LiteMap<String, i64>;
+
+/// Writes per-node [`ResourceCounts`] as JSON objects, empty ones too.
+fn counts_as_objects<S: serde::Serializer>(
+    per_node: &BTreeMap<String, ResourceCounts>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    struct Object<'a>(&'a ResourceCounts);
+    impl Serialize for Object<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_map(self.0.iter())
+        }
+    }
+    serializer.collect_map(per_node.iter().map(|(node, counts)| (node, Object(counts))))
+}
 
 /// Progress of one stage.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
@@ -289,7 +308,11 @@ pub struct StageStatus {
     pub gates: Vec<GateResult>,
     /// Per node, per resource: allocatable captured before the stage touched
     /// the node.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        serialize_with = "counts_as_objects"
+    )]
     #[schemars(with = "BTreeMap<String, BTreeMap<String, i64>>", transform = schema::atomic)]
     pub baseline: BTreeMap<String, ResourceCounts>,
     /// Nodes the stage took and then let go, with why: the node left the

@@ -209,6 +209,8 @@ fn status_built_in_code_serialises_deterministically() {
     node_a.insert("nvidia.com/gpu".to_string(), 8);
     node_a.insert("amd.com/gpu".to_string(), 2);
     baseline.insert("node-a".to_string(), node_a);
+    // A node whose gates read no extended resource (DRA gates only).
+    baseline.insert("node-c".to_string(), ResourceCounts::new());
     let status = SafeRolloutStatus {
         observed_generation: Some(1),
         phase: Some(Phase::RollingBack),
@@ -253,6 +255,7 @@ fn status_built_in_code_serialises_deterministically() {
         a.contains(r#""node-a":{"amd.com/gpu":2,"nvidia.com/gpu":8}"#),
         "{a}"
     );
+    assert!(a.contains(r#""node-c":{}"#), "{a}");
     // Absent optional fields are not serialised.
     assert!(!a.contains("null"), "{a}");
     assert!(!a.contains("lastGoodTemplate"));
