@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use saferollout_api::{GateResult, SafeRolloutStatus, StageStatus};
+use saferollout_api::{GateResult, GateStatus, SafeRolloutStatus, StageStatus};
 
 use crate::rollout::Action;
 
@@ -41,11 +41,21 @@ pub enum StatusWrite {
 /// Whether the status of a pass is written now or with a later pass.
 ///
 /// Deferred are only changes of what [`status_may_trail`] already lets trail
-/// the actions, narrowed further: progress counts and times, and messages
-/// (the status's, the conditions', the gates'), with no action but pod
-/// deletions and Events. Every gate's status, reason, node and soak start,
-/// the plan, the phase and the conditions' states are written at once, so a
-/// failing gate, a stage passing or a soak starting is never held back.
+/// the actions, narrowed further: progress counts and times, messages (the
+/// status's, the conditions', the gates'), and what a gate that stays
+/// `Pending` observes (which node it waits on or sees out of bounds, and
+/// since when), with no action but pod deletions and Events. A gate passing
+/// or failing, the plan, the phase and the conditions' states are written at
+/// once, so a failing gate or a stage passing is never held back.
+///
+/// A pending gate's observation is deferred because it changes with almost
+/// every pass while many nodes are replaced at once (each replaced node is
+/// awaited, then briefly out of bounds until its plugin registers again):
+/// written each time, at 1,000 nodes and `maxUnavailable` 10%, it was two to
+/// three writes of the whole status a second, each holding back the next
+/// pass for 100-500 ms. Its cost: a soak starts from the status, so one that
+/// starts within [`PROGRESS_WRITE_INTERVAL`] of the last write starts over
+/// at the next write, and lasts at most that much longer (never shorter).
 /// Deferring is losing the write for a moment, which the next pass re-derives
 /// ("a lost progress time only brings the deadline nearer").
 /// `since_last_write`: how long ago this replica last wrote the status
@@ -63,7 +73,7 @@ pub fn when_to_write(
         Some(since)
             if since < PROGRESS_WRITE_INTERVAL
                 && only_deletions
-                && same_but_progress(old, new, Gates::ButMessages) =>
+                && same_but_progress(old, new, Gates::ButPendingObservations) =>
         {
             StatusWrite::After(PROGRESS_WRITE_INTERVAL - since)
         }
@@ -90,8 +100,10 @@ pub fn status_may_trail(
 /// How [`same_but_progress`] compares the gates' results.
 #[derive(Clone, Copy)]
 enum Gates {
-    /// Everything but their messages.
-    ButMessages,
+    /// The same gates, each with the same status; a gate passed or failed
+    /// also with the same reason, node, values and time (its message aside).
+    /// What a gate pending on both sides observes is not compared.
+    ButPendingObservations,
     /// Not at all.
     Ignored,
 }
@@ -184,7 +196,7 @@ fn same_stage(old: &StageStatus, new: &StageStatus, gates: Gates) -> bool {
     } = old;
     let same_gates = match gates {
         Gates::Ignored => true,
-        Gates::ButMessages => pairwise(old_gates, &new.gates, same_gate_but_message),
+        Gates::ButPendingObservations => pairwise(old_gates, &new.gates, same_gate_unless_pending),
     };
     same_gates
         && *index == new.index
@@ -199,6 +211,17 @@ fn same_stage(old: &StageStatus, new: &StageStatus, gates: Gates) -> bool {
         && *device_baseline == new.device_baseline
         && *probed == new.probed
         && *probes == new.probes
+}
+
+/// Both pending (what they observe aside), or equal but for the message.
+fn same_gate_unless_pending(old: &GateResult, new: &GateResult) -> bool {
+    if old.gate == new.gate
+        && old.status == GateStatus::Pending
+        && new.status == GateStatus::Pending
+    {
+        return true;
+    }
+    same_gate_but_message(old, new)
 }
 
 fn same_gate_but_message(old: &GateResult, new: &GateResult) -> bool {
@@ -274,7 +297,16 @@ mod tests {
         for s in &mut p.stages {
             match gates {
                 Gates::Ignored => s.gates.clear(),
-                Gates::ButMessages => s.gates.iter_mut().for_each(|g| g.message.clear()),
+                Gates::ButPendingObservations => s.gates.iter_mut().for_each(|g| {
+                    g.message.clear();
+                    if g.status == saferollout_api::GateStatus::Pending {
+                        // Only the gate's name and status count.
+                        *g = GateResult {
+                            gate: std::mem::take(&mut g.gate),
+                            ..Default::default()
+                        };
+                    }
+                }),
             }
         }
         for c in &mut p.conditions {
@@ -299,6 +331,13 @@ mod tests {
             "a".into(),
             [("example.com/gpu".to_string(), 8)].into_iter().collect(),
         );
+        base.stages[0].gates.push(GateResult {
+            gate: "allocatable/example.com/gpu".into(),
+            status: saferollout_api::GateStatus::Passed,
+            reason: "WithinBounds".into(),
+            since: Some(Time(ts(1))),
+            ..Default::default()
+        });
         type Change = (&'static str, fn(&mut SafeRolloutStatus));
         let changes: Vec<Change> = vec![
             ("nothing", |_| {}),
@@ -313,6 +352,13 @@ mod tests {
             ("gate soak start", |s| {
                 s.stages[0].gates[0].since = Some(Time(ts(9)))
             }),
+            ("passed gate's soak start", |s| {
+                s.stages[0].gates[1].since = Some(Time(ts(9)))
+            }),
+            ("passed gate's node", |s| {
+                s.stages[0].gates[1].node = Some("b".into())
+            }),
+            ("gate renamed", |s| s.stages[0].gates[0].gate = "x".into()),
             ("gate added", |s| {
                 s.stages[0].gates.push(GateResult::default())
             }),
@@ -349,7 +395,7 @@ mod tests {
         for (what, change) in changes {
             let mut new = base.clone();
             change(&mut new);
-            for gates in [Gates::ButMessages, Gates::Ignored] {
+            for gates in [Gates::ButPendingObservations, Gates::Ignored] {
                 assert_eq!(
                     same_but_progress(&base, &new, gates),
                     stripped(&base, gates) == stripped(&new, gates),
@@ -408,13 +454,13 @@ mod tests {
         let mut failing = stage(&["a", "b", "c"], 1, 5);
         failing.stages[0].gates[0].status = saferollout_api::GateStatus::Failed;
         assert_eq!(when_to_write(&old, &failing, &[], recent), StatusWrite::Now);
-        let mut soaking = stage(&["a", "b", "c"], 1, 5);
-        soaking.stages[0].gates[0].since =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(5)));
+        let mut passed = stage(&["a", "b", "c"], 1, 5);
+        passed.stages[0].gates[0].status = saferollout_api::GateStatus::Passed;
+        assert_eq!(when_to_write(&old, &passed, &[], recent), StatusWrite::Now);
         assert_eq!(
-            when_to_write(&old, &soaking, &[], recent),
+            when_to_write(&passed, &old, &[], recent),
             StatusWrite::Now,
-            "a soak start is never deferred (deferring would restart it)"
+            "a gate that was decided and is pending again"
         );
         let grown = stage(&["a", "b", "c", "d"], 1, 0);
         assert_eq!(when_to_write(&old, &grown, &[], recent), StatusWrite::Now);
@@ -434,6 +480,38 @@ mod tests {
         assert_eq!(
             when_to_write(&old, &new, &[Action::RestoreLastGood], recent),
             StatusWrite::Now
+        );
+    }
+
+    #[test]
+    fn what_a_pending_gate_observes_waits_for_the_next_write() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let recent = Some(Duration::from_millis(300));
+        let mut old = stage(&["a", "b", "c"], 1, 0);
+        old.stages[0].gates[0].reason = "AwaitingPods".into();
+        old.stages[0].gates[0].since = Some(Time(ts(0)));
+        // Node b is briefly out of bounds (its plugin registers again): the
+        // gate stays pending, its soak start waits at most the interval.
+        let mut soaking = stage(&["a", "b", "c"], 1, 5);
+        soaking.stages[0].gates[0].reason = "BelowMinimum".into();
+        soaking.stages[0].gates[0].node = Some("b".into());
+        soaking.stages[0].gates[0].observed = Some("0".into());
+        soaking.stages[0].gates[0].since = Some(Time(ts(5)));
+        assert_eq!(
+            when_to_write(&old, &soaking, &[delete()], recent),
+            StatusWrite::After(Duration::from_millis(700))
+        );
+        assert_eq!(
+            when_to_write(&old, &soaking, &[delete()], Some(PROGRESS_WRITE_INTERVAL)),
+            StatusWrite::Now,
+            "written with the next write: a soak starts at most the interval late"
+        );
+        let mut failed = soaking.clone();
+        failed.stages[0].gates[0].status = saferollout_api::GateStatus::Failed;
+        assert_eq!(
+            when_to_write(&soaking, &failed, &[], recent),
+            StatusWrite::Now,
+            "a failing gate is never held back"
         );
     }
 

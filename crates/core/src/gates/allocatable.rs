@@ -52,11 +52,23 @@ enum Observation {
     /// No node out of bounds, but these nodes' new agent pods are not Ready yet.
     AwaitingPods(Vec<String>),
     InBounds,
-    /// The first violation by node name, and every violating node.
+    /// The violation the gate reports (see [`observe`]), and every violating node.
     OutOfBounds(Violation, BTreeSet<String>),
 }
 
-fn observe(gate: &AllocatableGate, min: &Bound, max: &Bound, snap: &Snapshot) -> Observation {
+/// What the gate sees on the rollout's nodes. Of several nodes out of
+/// bounds it reports the one it reported before while that one still is
+/// (same node, same reason), else the first by name: its soak runs from when
+/// it started, and other nodes going briefly out of bounds meanwhile (each
+/// replaced plugin's node until it registers again) neither restart it nor
+/// change the status.
+fn observe(
+    gate: &AllocatableGate,
+    min: &Bound,
+    max: &Bound,
+    snap: &Snapshot,
+    previous: Option<&GateResult>,
+) -> Observation {
     let res = &gate.resource;
     let mut awaiting = Vec::new();
     let mut violations: Vec<Violation> = Vec::new();
@@ -108,7 +120,14 @@ fn observe(gate: &AllocatableGate, min: &Bound, max: &Bound, snap: &Snapshot) ->
     }
     if !violations.is_empty() {
         let nodes = violations.iter().map(|v| v.node.clone()).collect();
-        let first = violations.swap_remove(0);
+        let reported = previous
+            .and_then(|p| {
+                violations
+                    .iter()
+                    .position(|v| p.node.as_deref() == Some(&v.node) && p.reason == v.reason)
+            })
+            .unwrap_or(0);
+        let first = violations.swap_remove(reported);
         return Observation::OutOfBounds(first, nodes);
     }
     if !awaiting.is_empty() {
@@ -143,7 +162,7 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
             .unwrap_or(snap.now)
     };
     let deadline_passed = snap.deadline_passed();
-    match observe(gate, &min, &max, snap) {
+    match observe(gate, &min, &max, snap, previous) {
         Observation::AwaitingPods(nodes) => {
             let message = if nodes.is_empty() {
                 "no node of the rollout to judge yet".to_string()
@@ -381,6 +400,42 @@ mod tests {
             (r.status, r.reason.as_str()),
             (GateStatus::Pending, "AwaitingPods")
         );
+    }
+
+    #[test]
+    fn other_nodes_going_out_of_bounds_do_not_restart_a_soaking_violation() {
+        let mut w = World::healthy(3, 8);
+        let g = gate("baseline", "baseline", "10s");
+        w.set_alloc("node-2", "0");
+        let r1 = eval(&g, &w, None).result;
+        assert_eq!(r1.node.as_deref(), Some("node-2"));
+        // node-0 (first by name) loses its devices for a moment, as a
+        // replaced plugin's node does until the plugin registers again.
+        w.now = ts(104);
+        w.set_alloc("node-0", "0");
+        let r2 = eval(&g, &w, Some(&r1));
+        assert_eq!(r2.result.node.as_deref(), Some("node-2"), "still node-2");
+        assert_eq!(r2.result.since, r1.since, "its soak goes on");
+        assert!(r2.violating.contains("node-0") && r2.violating.contains("node-2"));
+        w.now = ts(107);
+        w.set_alloc("node-0", "8");
+        let r3 = eval(&g, &w, Some(&r2.result)).result;
+        w.now = ts(110);
+        let r4 = eval(&g, &w, Some(&r3)).result;
+        assert_eq!(
+            (r4.status, r4.node.as_deref()),
+            (GateStatus::Failed, Some("node-2")),
+            "failed after its own 10 s"
+        );
+        // Once the reported node recovers, the next violating one is reported.
+        let mut w = World::healthy(3, 8);
+        w.set_alloc("node-0", "0");
+        w.set_alloc("node-2", "0");
+        let r = eval(&g, &w, Some(&r1)).result;
+        assert_eq!(r.node.as_deref(), Some("node-2"));
+        w.set_alloc("node-2", "8");
+        let r = eval(&g, &w, Some(&r)).result;
+        assert_eq!(r.node.as_deref(), Some("node-0"));
     }
 
     #[test]
