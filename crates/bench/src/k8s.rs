@@ -301,6 +301,30 @@ pub async fn delete_rollout(
     Ok(())
 }
 
+/// Deletes DaemonSet `name` (if there) and waits until no pod is left in `ns`.
+pub async fn delete_daemonset_and_pods(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    wait_for_all(
+        &Api::<Pod>::namespaced(client.clone(), ns),
+        watcher::Config::default(),
+        timeout,
+        |pods| pods.is_empty(),
+    )
+    .await
+    .with_context(|| format!("the pods of DaemonSet {ns}/{name} to be gone"))?;
+    Ok(())
+}
+
 /// Sets `labels` on nodes, `parallel` writes at a time.
 pub async fn label_nodes(
     client: &Client,

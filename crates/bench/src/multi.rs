@@ -1,9 +1,13 @@
 //! Many SafeRollouts at once: `count` DaemonSets in as many namespaces, each
 //! on its own pool of nodes (a node label), each with a SafeRollout (the
-//! default stages, maxUnavailable 1, allocatable gate with a 5 s soak: with
-//! fifty rollouts at once the fixture's allocatable lags its pods' Ready and a
-//! gate without soak falsely reverts healthy releases); the operator starts
-//! with all of them present, adopts them, then every template changes at once.
+//! default stages, maxUnavailable 1, allocatable gate with a soak: with fifty
+//! rollouts at once the fixture's allocatable lags its pods' Ready and a gate
+//! without soak falsely reverts healthy releases); the operator starts with
+//! all of them present, adopts them, then every template changes at once.
+//!
+//! The other scenarios' DaemonSet is deleted first: its pods would double
+//! what KWOK, the fixture and the controller manager play, and on 2 cores at
+//! 5,000 nodes that load made KWOK's nodes flap NotReady mid-run.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,9 +18,18 @@ use serde_json::json;
 
 use crate::ctx::{Ctx, secs};
 use crate::k8s;
+use crate::overhead;
 use crate::results::MultiRun;
 
 const RESOURCE: &str = "example.com/npu";
+
+/// The allocatable gate's soak: 5 s, longer from 1,000 nodes on (1 s per
+/// 200 nodes). At 5,000 nodes under fifty rollouts the fixture's allocatable
+/// lagged its pods' Ready by more than 5 s, and 2 of 50 rollouts reverted a
+/// healthy release.
+fn soak_secs(nodes: usize) -> usize {
+    (nodes / 200).max(5)
+}
 
 fn ns(i: usize) -> String {
     format!("multi-{i}")
@@ -29,6 +42,13 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         "bench: {} nodes: {count} SafeRollouts in {count} namespaces, {nodes_each} nodes each",
         ctx.nodes
     );
+    k8s::delete_daemonset_and_pods(
+        &ctx.client,
+        overhead::NS,
+        overhead::DS,
+        Duration::from_secs(600 + ctx.nodes as u64 / 5),
+    )
+    .await?;
     let pools: Vec<(String, BTreeMap<String, String>)> = ctx
         .node_names
         .iter()
@@ -64,12 +84,13 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         k8s::wait_daemonset_complete(&ctx.client, &ns(i), "agent", fleet).await?;
     }
     k8s::wait_nodes_advertise(&ctx.client, RESOURCE, nodes_each * count, fleet).await?;
+    let soak = format!("{}s", soak_secs(ctx.nodes));
     for i in 0..count {
         let spec = json!({
             "targetRef": {"name": "agent"},
             "maxUnavailable": 1,
             "progressDeadline": "30m",
-            "gates": {"allocatable": [{"resource": RESOURCE, "soak": "5s"}]}
+            "gates": {"allocatable": [{"resource": RESOURCE, "soak": soak}]}
         });
         k8s::create_rollout(&ctx.client, &ns(i), "agent", spec).await?;
     }
@@ -102,6 +123,9 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         .buffer_unordered(8)
         .try_collect::<Vec<_>>()
         .await?;
+    // A false revert (a healthy release blocked) is counted, not fatal: the
+    // run still measures the operator, and the report shows the count.
+    let mut false_reverts = Vec::new();
     for (i, old) in stable.iter().enumerate() {
         let st = k8s::wait_rollout(&ctx.client, &ns(i), "agent", slow, |st| {
             (st.phase == Some(saferollout_api::Phase::Succeeded)
@@ -111,7 +135,8 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         })
         .await?;
         if let Some(b) = st.blocked_revisions.first() {
-            anyhow::bail!("a false revert in {}: {}", ns(i), b.message);
+            eprintln!("bench:   a false revert in {}: {}", ns(i), b.message);
+            false_reverts.push(format!("{}: {}", ns(i), b.message));
         }
     }
     let rollout_secs = secs(t0, Timestamp::now());
@@ -122,6 +147,8 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         nodes_each,
         adopt_secs,
         rollout_secs,
+        soak_secs: soak_secs(ctx.nodes),
+        false_reverts,
         operator,
     })
 }

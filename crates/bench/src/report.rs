@@ -411,28 +411,40 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
     let _ = writeln!(
         out,
         "N DaemonSets in N namespaces, each on its own pool of nodes, each with a SafeRollout (default \
-         stages 1, 10%, 50%, 100%; maxUnavailable 1; allocatable soak 0s); the operator starts with all of \
-         them present; then every template changes at once.\n"
+         stages 1, 10%, 50%, 100%; maxUnavailable 1; the allocatable gate with the soak in the table); \
+         the other scenarios' DaemonSet is deleted first; the operator starts with all of them present; \
+         then every template changes at once. A false revert is a healthy release blocked.\n"
     );
     let _ = writeln!(
         out,
-        "| nodes | SafeRollouts | nodes each | start to all adopted (s) | all rolled out (s) | peak RSS (MiB) | CPU (s) | requests |\n|---|---|---|---|---|---|---|---|"
+        "| nodes | SafeRollouts | nodes each | soak (s) | start to all adopted (s) | all rolled out (s) | false reverts | peak RSS (MiB) | CPU (s) | requests |\n|---|---|---|---|---|---|---|---|---|---|"
     );
+    let mut reverts = Vec::new();
     for s in &r.sizes {
         if let Some(m) = &s.multi {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} |",
                 s.nodes,
                 m.rollouts,
                 m.nodes_each,
+                m.soak_secs,
                 f1(m.adopt_secs),
                 f1(m.rollout_secs),
+                m.false_reverts.len(),
                 m.operator.stat.peak_rss_mib,
                 m.operator.stat.cpu_secs,
                 m.operator.requests.values().sum::<usize>()
             );
+            reverts.extend(
+                m.false_reverts
+                    .iter()
+                    .map(|r| format!("{} nodes, {r}", s.nodes)),
+            );
         }
+    }
+    for r in reverts {
+        let _ = writeln!(out, "- false revert: {r}");
     }
     let _ = writeln!(out);
 

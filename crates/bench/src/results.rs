@@ -144,7 +144,14 @@ pub struct MultiRun {
     pub nodes_each: usize,
     /// Operator start to every SafeRollout adopted (Succeeded).
     pub adopt_secs: f64,
-    /// All templates written to every SafeRollout Succeeded on the new revision.
+    /// All templates written to every SafeRollout Succeeded on the new
+    /// revision or blocked (a false revert).
     pub rollout_secs: f64,
+    /// The allocatable gate's soak.
+    #[serde(default)]
+    pub soak_secs: usize,
+    /// Rollouts that blocked the healthy release, with the gate's message.
+    #[serde(default)]
+    pub false_reverts: Vec<String>,
     pub operator: OperatorRun,
 }
