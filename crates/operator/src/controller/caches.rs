@@ -22,7 +22,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Client, Resource, ResourceExt};
-use saferollout_api::{REVISION_HASH_LABEL, SafeRollout};
+use saferollout_api::{REVISION_HASH_LABEL, ROLLOUT_LABEL, SafeRollout};
 use saferollout_core::objects::{SlimNode, SlimPod};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
@@ -160,12 +160,7 @@ impl Caches {
         self.probe_pods
             .in_namespace(namespace)
             .into_iter()
-            .filter(|p| {
-                p.labels()
-                    .get(saferollout_api::ROLLOUT_LABEL)
-                    .map(String::as_str)
-                    == Some(rollout_id)
-            })
+            .filter(|p| p.labels().get(ROLLOUT_LABEL).map(String::as_str) == Some(rollout_id))
             .collect()
     }
 
@@ -424,14 +419,14 @@ pub fn start(
         );
     }
     let r = route.clone();
-    let mut fingerprints: HashMap<String, u64> = HashMap::new();
+    let mut memos: HashMap<String, NodeMemo> = HashMap::new();
     reflect(
         Api::<SlimNode>::all(client.clone()),
         watch_config(),
         nodes_writer,
         metrics,
         prune::node,
-        move |ev| r.node_event(ev, &mut fingerprints),
+        move |ev| r.node_event(ev, &mut memos),
     );
     caches
 }
@@ -682,24 +677,181 @@ impl Router {
     }
 
     /// Nodes change often (heartbeats, conditions): only what decisions read
-    /// wakes every SafeRollout.
-    fn node_event(&self, ev: &Event<SlimNode>, fingerprints: &mut HashMap<String, u64>) {
+    /// wakes a SafeRollout, and only one the node concerns (see
+    /// [`NodeMemo::wakes`]): with many SafeRollouts on a large cluster, each
+    /// replacement changes its node twice (allocatable down and up again),
+    /// and waking every SafeRollout for each made every one of them decide
+    /// again over every node (at 5,000 nodes and 50 rollouts: 466 CPU-seconds
+    /// for 5,000 replacements).
+    fn node_event(&self, ev: &Event<SlimNode>, memos: &mut HashMap<String, NodeMemo>) {
         match ev {
             Event::Apply(n) => {
-                let fp = node_fingerprint(n);
-                if fingerprints.insert(n.name_any(), fp) != Some(fp) {
-                    self.all_in(None);
+                let now = NodeMemo::of(n);
+                let before = memos.insert(n.name_any(), now.clone());
+                match now.wakes(before.as_ref()) {
+                    Wake::Nobody => {}
+                    Wake::Every => self.all_in(None),
+                    Wake::Concerned => self.concerned_by(n, &now, before.as_ref()),
                 }
             }
             Event::Delete(n) => {
-                fingerprints.remove(&n.name_any());
+                memos.remove(&n.name_any());
                 self.all_in(None);
             }
             Event::InitApply(n) => {
-                fingerprints.insert(n.name_any(), node_fingerprint(n));
+                memos.insert(n.name_any(), NodeMemo::of(n));
             }
-            Event::Init => fingerprints.clear(),
+            Event::Init => memos.clear(),
             Event::InitDone => self.all_in(None),
+        }
+    }
+
+    /// Wakes the SafeRollouts node `n` concerns: the one whose label it
+    /// carries (or carried), and those whose DaemonSet's pods may run on it
+    /// (its template's or `spec.template`'s nodeSelector matches the node's
+    /// labels; a DaemonSet not in the cache, or a template without
+    /// nodeSelector, matches every node).
+    fn concerned_by(&self, n: &SlimNode, now: &NodeMemo, before: Option<&NodeMemo>) {
+        let labels = n.metadata.labels.as_ref();
+        let ours = |id: &str| {
+            now.rollout.as_deref() == Some(id)
+                || before.and_then(|b| b.rollout.as_deref()) == Some(id)
+        };
+        for sr in self.caches.every_rollout() {
+            let ns = sr.namespace().unwrap_or_default();
+            let concerned = ours(&super::rollout_id(&ns, &sr.name_any())) || {
+                let ds = self
+                    .caches
+                    .daemonsets
+                    .get(&ns)
+                    .and_then(|s| s.get(&ObjectRef::new(&sr.spec.target_ref.name).within(&ns)));
+                match ds {
+                    None => true,
+                    Some(ds) => {
+                        let of_ds = ds
+                            .spec
+                            .template
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.node_selector.as_ref());
+                        // The template the rollout brings (GitOps), when
+                        // there is one: without nodeSelector it covers every node.
+                        let by_spec = sr.spec.template.as_ref().is_some_and(|t| {
+                            let of_spec =
+                                t.pointer("/spec/nodeSelector").and_then(|v| v.as_object());
+                            selects(
+                                of_spec.map(|m| {
+                                    m.iter()
+                                        .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or_default()))
+                                }),
+                                labels,
+                            )
+                        });
+                        by_spec
+                            || selects(
+                                of_ds.map(|m| m.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+                                labels,
+                            )
+                    }
+                }
+            };
+            if concerned {
+                self.triggers.send(ObjectRef::from_obj(&*sr));
+            }
+        }
+    }
+}
+
+/// Whether a nodeSelector (none: every node) matches `labels`.
+fn selects<'a>(
+    selector: Option<impl Iterator<Item = (&'a str, &'a str)>>,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    let Some(mut selector) = selector else {
+        return true;
+    };
+    selector.all(|(k, v)| labels.and_then(|l| l.get(k)).map(String::as_str) == Some(v))
+}
+
+/// What the node router remembers of a node: fingerprints of what decisions
+/// read, split by whom a change concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeMemo {
+    /// The node's labels but the operator's own (`saferollout.dev/stage`,
+    /// `saferollout.dev/rollout`): a change may move the node into or out of
+    /// any DaemonSet's nodeSelector.
+    labels: u64,
+    /// The operator's own labels.
+    ours: u64,
+    /// The value of `saferollout.dev/rollout`: the SafeRollout holding the node.
+    rollout: Option<String>,
+    /// Taints, unschedulable, allocatable, readiness.
+    state: u64,
+}
+
+/// Whom a node change wakes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    Nobody,
+    /// A node that is new to the router, or whose labels changed.
+    Every,
+    /// The SafeRollouts the node concerns ([`Router::concerned_by`]).
+    Concerned,
+}
+
+impl NodeMemo {
+    pub(crate) fn of(n: &SlimNode) -> Self {
+        use std::hash::Hasher;
+        let ours_key = |k: &str| k == saferollout_api::STAGE_LABEL || k == ROLLOUT_LABEL;
+        let mut labels = std::collections::hash_map::DefaultHasher::new();
+        let mut ours = std::collections::hash_map::DefaultHasher::new();
+        for (k, v) in n.metadata.labels.iter().flatten() {
+            if ours_key(k) {
+                (k, v).hash(&mut ours);
+            } else {
+                (k, v).hash(&mut labels);
+            }
+        }
+        let mut state = std::collections::hash_map::DefaultHasher::new();
+        if let Some(spec) = &n.spec {
+            for t in spec.taints.iter().flatten() {
+                (&t.key, &t.value, &t.effect).hash(&mut state);
+            }
+            spec.unschedulable.hash(&mut state);
+        }
+        if let Some(st) = &n.status {
+            for (k, v) in st.allocatable.iter().flatten() {
+                (k, &v.0).hash(&mut state);
+            }
+            for c in st
+                .conditions
+                .iter()
+                .flatten()
+                .filter(|c| c.type_ == "Ready")
+            {
+                c.status.hash(&mut state);
+            }
+        }
+        NodeMemo {
+            labels: labels.finish(),
+            ours: ours.finish(),
+            rollout: n
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(ROLLOUT_LABEL))
+                .cloned(),
+            state: state.finish(),
+        }
+    }
+
+    /// Whom the change from `before` to `self` wakes.
+    pub(crate) fn wakes(&self, before: Option<&NodeMemo>) -> Wake {
+        match before {
+            None => Wake::Every,
+            Some(b) if b.labels != self.labels => Wake::Every,
+            Some(b) if b.ours != self.ours || b.state != self.state => Wake::Concerned,
+            Some(_) => Wake::Nobody,
         }
     }
 }
@@ -760,32 +912,6 @@ fn pod_fingerprint(p: &SlimPod) -> u64 {
 }
 
 /// What of a node decisions read: labels, taints, readiness, allocatable.
-fn node_fingerprint(n: &SlimNode) -> u64 {
-    use std::hash::Hasher;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    n.metadata.labels.hash(&mut h);
-    if let Some(spec) = &n.spec {
-        for t in spec.taints.iter().flatten() {
-            (&t.key, &t.value, &t.effect).hash(&mut h);
-        }
-        spec.unschedulable.hash(&mut h);
-    }
-    if let Some(st) = &n.status {
-        for (k, v) in st.allocatable.iter().flatten() {
-            (k, &v.0).hash(&mut h);
-        }
-        for c in st
-            .conditions
-            .iter()
-            .flatten()
-            .filter(|c| c.type_ == "Ready")
-        {
-            c.status.hash(&mut h);
-        }
-    }
-    h.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -793,20 +919,77 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_heartbeat_does_not_change_the_fingerprint_but_readiness_does() {
-        let node = |ready: &str, beat: &str| -> SlimNode {
-            serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
-                "allocatable": {"example.com/gpu": "8"},
-                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": beat}]}}))
+    fn a_node_change_wakes_whom_it_concerns() {
+        let node = |ready: &str, beat: &str, gpus: &str, labels: serde_json::Value| -> SlimNode {
+            serde_json::from_value(
+                json!({"metadata": {"name": "n", "labels": labels}, "status": {
+                "allocatable": {"example.com/gpu": gpus},
+                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": beat}]}}),
+            )
             .unwrap()
         };
+        let pool = json!({"pool": "a"});
+        let base = NodeMemo::of(&node("True", "2026-01-01T00:00:00Z", "8", pool.clone()));
+        assert_eq!(base.wakes(None), Wake::Every, "a node new to the router");
+        let wakes = |n: SlimNode| NodeMemo::of(&n).wakes(Some(&base));
         assert_eq!(
-            node_fingerprint(&node("True", "2026-01-01T00:00:00Z")),
-            node_fingerprint(&node("True", "2026-01-01T00:00:10Z"))
+            wakes(node("True", "2026-01-01T00:00:10Z", "8", pool.clone())),
+            Wake::Nobody,
+            "a heartbeat"
         );
-        assert_ne!(
-            node_fingerprint(&node("True", "2026-01-01T00:00:00Z")),
-            node_fingerprint(&node("False", "2026-01-01T00:00:00Z"))
+        assert_eq!(
+            wakes(node("False", "2026-01-01T00:00:00Z", "8", pool.clone())),
+            Wake::Concerned
+        );
+        assert_eq!(
+            wakes(node("True", "2026-01-01T00:00:00Z", "0", pool.clone())),
+            Wake::Concerned
+        );
+        let held =
+            json!({"pool": "a", "saferollout.dev/rollout": "ns.r", "saferollout.dev/stage": "0"});
+        let labelled = NodeMemo::of(&node("True", "2026-01-01T00:00:00Z", "8", held));
+        assert_eq!(
+            labelled.wakes(Some(&base)),
+            Wake::Concerned,
+            "our own labels"
+        );
+        assert_eq!(labelled.rollout.as_deref(), Some("ns.r"));
+        assert_eq!(
+            base.wakes(Some(&labelled)),
+            Wake::Concerned,
+            "our labels removed"
+        );
+        assert_eq!(
+            wakes(node(
+                "True",
+                "2026-01-01T00:00:00Z",
+                "8",
+                json!({"pool": "b"})
+            )),
+            Wake::Every,
+            "another label: any DaemonSet's nodeSelector may now match"
+        );
+    }
+
+    #[test]
+    fn a_node_selector_matches_a_subset_of_the_labels() {
+        let labels: std::collections::BTreeMap<String, String> = [
+            ("pool".to_string(), "a".to_string()),
+            ("zone".to_string(), "z".to_string()),
+        ]
+        .into();
+        let sel = |pairs: &'static [(&'static str, &'static str)]| Some(pairs.iter().copied());
+        assert!(selects(sel(&[("pool", "a")]), Some(&labels)));
+        assert!(selects(sel(&[]), Some(&labels)));
+        assert!(!selects(sel(&[("pool", "b")]), Some(&labels)));
+        assert!(!selects(
+            sel(&[("pool", "a"), ("gpu", "yes")]),
+            Some(&labels)
+        ));
+        assert!(!selects(sel(&[("pool", "a")]), None));
+        assert!(
+            selects(None::<std::vec::IntoIter<(&str, &str)>>, None),
+            "no selector: every node"
         );
     }
 
