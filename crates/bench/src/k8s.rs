@@ -281,6 +281,22 @@ pub async fn wait_adopted(
     Ok(st)
 }
 
+/// Deletes `name`; false when it was not there.
+async fn delete_if_present<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+) -> anyhow::Result<bool>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Deletes SafeRollout `name` and waits until it is gone (the operator gave
 /// the DaemonSet back and removed its finalizer).
 pub async fn delete_rollout(
@@ -290,10 +306,8 @@ pub async fn delete_rollout(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let api: Api<SafeRollout> = Api::namespaced(client.clone(), ns);
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(e.into()),
+    if !delete_if_present(&api, name, &DeleteParams::default()).await? {
+        return Ok(());
     }
     wait_for_object(&api, name, timeout, |sr| sr.is_none())
         .await
@@ -309,11 +323,8 @@ pub async fn delete_daemonset_and_pods(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(e.into()),
-    }
+    // Gone already or not, its pods may still be terminating.
+    delete_if_present(&api, name, &DeleteParams::background()).await?;
     wait_for_all(
         &Api::<Pod>::namespaced(client.clone(), ns),
         watcher::Config::default(),

@@ -84,13 +84,13 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         k8s::wait_daemonset_complete(&ctx.client, &ns(i), "agent", fleet).await?;
     }
     k8s::wait_nodes_advertise(&ctx.client, RESOURCE, nodes_each * count, fleet).await?;
-    let soak = format!("{}s", soak_secs(ctx.nodes));
+    let soak = soak_secs(ctx.nodes);
     for i in 0..count {
         let spec = json!({
             "targetRef": {"name": "agent"},
             "maxUnavailable": 1,
             "progressDeadline": "30m",
-            "gates": {"allocatable": [{"resource": RESOURCE, "soak": soak}]}
+            "gates": {"allocatable": [{"resource": RESOURCE, "soak": format!("{soak}s")}]}
         });
         k8s::create_rollout(&ctx.client, &ns(i), "agent", spec).await?;
     }
@@ -147,7 +147,7 @@ pub async fn run(ctx: &Ctx, count: usize) -> anyhow::Result<MultiRun> {
         nodes_each,
         adopt_secs,
         rollout_secs,
-        soak_secs: soak_secs(ctx.nodes),
+        soak_secs: soak,
         false_reverts,
         operator,
     })

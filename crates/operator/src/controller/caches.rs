@@ -164,6 +164,14 @@ impl Caches {
             .collect()
     }
 
+    /// The DaemonSet `sr` targets (`spec.targetRef`, same namespace).
+    pub fn target_daemonset(&self, sr: &SafeRollout) -> Option<Arc<DaemonSet>> {
+        let ns = sr.namespace().unwrap_or_default();
+        self.daemonsets
+            .get(&ns)
+            .and_then(|s| s.get(&ObjectRef::new(&sr.spec.target_ref.name).within(&ns)))
+    }
+
     /// Every SafeRollout.
     pub fn every_rollout(&self) -> Vec<Arc<SafeRollout>> {
         self.rollouts.stores().flat_map(|s| s.state()).collect()
@@ -713,53 +721,58 @@ impl Router {
     /// nodeSelector, matches every node).
     fn concerned_by(&self, n: &SlimNode, now: &NodeMemo, before: Option<&NodeMemo>) {
         let labels = n.metadata.labels.as_ref();
-        let ours = |id: &str| {
-            now.rollout.as_deref() == Some(id)
-                || before.and_then(|b| b.rollout.as_deref()) == Some(id)
-        };
+        let holders: Vec<&str> = [
+            now.rollout.as_deref(),
+            before.and_then(|b| b.rollout.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for sr in self.caches.every_rollout() {
-            let ns = sr.namespace().unwrap_or_default();
-            let concerned = ours(&super::rollout_id(&ns, &sr.name_any())) || {
-                let ds = self
-                    .caches
-                    .daemonsets
-                    .get(&ns)
-                    .and_then(|s| s.get(&ObjectRef::new(&sr.spec.target_ref.name).within(&ns)));
-                match ds {
-                    None => true,
-                    Some(ds) => {
-                        let of_ds = ds
-                            .spec
-                            .template
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.node_selector.as_ref());
-                        // The template the rollout brings (GitOps), when
-                        // there is one: without nodeSelector it covers every node.
-                        let by_spec = sr.spec.template.as_ref().is_some_and(|t| {
-                            let of_spec =
-                                t.pointer("/spec/nodeSelector").and_then(|v| v.as_object());
-                            selects(
-                                of_spec.map(|m| {
-                                    m.iter()
-                                        .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or_default()))
-                                }),
-                                labels,
-                            )
-                        });
-                        by_spec
-                            || selects(
-                                of_ds.map(|m| m.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
-                                labels,
-                            )
-                    }
-                }
+            // The rollout id is computed only for a node that carries (or
+            // carried) one: most node changes concern nodes no rollout holds.
+            let holds = !holders.is_empty() && {
+                let id = super::rollout_id(&sr.namespace().unwrap_or_default(), &sr.name_any());
+                holders.contains(&id.as_str())
             };
-            if concerned {
+            if holds || may_run_on(&sr, self.caches.target_daemonset(&sr).as_deref(), labels) {
                 self.triggers.send(ObjectRef::from_obj(&*sr));
             }
         }
     }
+}
+
+/// Whether the agent of `sr` may run on a node with `labels`: the nodeSelector
+/// of its DaemonSet's template or of the template the rollout brings
+/// (`spec.template`, GitOps) matches them. A DaemonSet not in the cache, or a
+/// template without nodeSelector, may run anywhere.
+fn may_run_on(
+    sr: &SafeRollout,
+    ds: Option<&DaemonSet>,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    let Some(ds) = ds else { return true };
+    let by_spec = sr.spec.template.as_ref().is_some_and(|t| {
+        let of_spec = t.pointer("/spec/nodeSelector").and_then(|v| v.as_object());
+        selects(
+            of_spec.map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or_default()))
+            }),
+            labels,
+        )
+    });
+    let of_ds = ds
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.as_ref());
+    by_spec
+        || selects(
+            of_ds.map(|m| m.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            labels,
+        )
 }
 
 /// Whether a nodeSelector (none: every node) matches `labels`.

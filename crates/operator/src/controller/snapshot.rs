@@ -9,7 +9,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 use saferollout_api::{
     ABORT_ANNOTATION, APPROVE_ANNOTATION, BACKUP_REVISION_LABEL, PreflightStatus, RETRY_ANNOTATION,
     SafeRollout, SafeRolloutStatus,
@@ -112,10 +111,7 @@ pub fn backup_name(sr: &str, revision: &str) -> String {
 pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
     let templates = &caches.templates;
     let ns = sr.namespace().unwrap_or_default();
-    let ds = caches
-        .daemonsets
-        .get(&ns)
-        .and_then(|s| s.get(&ObjectRef::new(&sr.spec.target_ref.name).within(&ns)));
+    let ds = caches.target_daemonset(sr);
     let ds_uid = ds
         .as_ref()
         .and_then(|d| d.metadata.uid.clone())
