@@ -83,9 +83,10 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_template: Option<AppliedTemplate>,
 
-    /// Nodes outside any stage whose agent the operator replaced to bring them
-    /// back to the stable revision, until their new agent serves: they count
-    /// against `maxUnavailable` like a stage's nodes. Sorted.
+    /// Nodes outside any stage whose agent the operator replaced (to bring
+    /// them back to the stable revision, or in the stages of a revision it
+    /// moved on from), until their new agent serves: they count against
+    /// `maxUnavailable` like a stage's nodes. Sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub converging_nodes: Vec<String>,
 

@@ -252,6 +252,7 @@ fn start_if_new(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Acti
     }
     st.target_revision = Some(target.to_string());
     st.current_stage = Some(0);
+    carry_replacements_in_flight(o, st);
     st.stages.clear();
     st.progress = None;
     st.stuck_nodes.clear();
@@ -273,6 +274,45 @@ fn start_if_new(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Acti
         o.generation,
         o.now,
     );
+}
+
+/// The stages about to be dropped may have replacements in flight: nodes
+/// whose agent a stage emptied and that do not serve again yet. They keep
+/// counting against `maxUnavailable` (as `convergingNodes`, until their agent
+/// serves) whatever revision the replacement comes back on. Without this, a
+/// replacement that comes back on the stable revision (the template reverted
+/// while the cache showed another new one) looked like nobody's doing, and
+/// the new revision's canary took a second agent down with
+/// `maxUnavailable: 1`. A node counts when it has no live agent, or one
+/// created since its stage started (whole seconds, as creation times are):
+/// an agent that failed on its own before the stage is not the operator's.
+fn carry_replacements_in_flight(o: &Observed, st: &mut SafeRolloutStatus) {
+    for stage in &st.stages {
+        let since = stage
+            .started_at
+            .as_ref()
+            .and_then(|t| jiff::Timestamp::from_second(t.0.as_second()).ok());
+        let nodes = stage
+            .nodes
+            .iter()
+            .chain(stage.skipped.iter().map(|n| &n.node));
+        for node in nodes {
+            if !o.nodes.contains_key(node.as_str()) || replace::is_available(o.pods, node) {
+                continue;
+            }
+            let mut live = live_pods(o.pods, node).peekable();
+            let replaced = live.peek().is_none()
+                || live.any(|p| match (p.created, since) {
+                    (Some(created), Some(since)) => created >= since,
+                    _ => true,
+                });
+            if replaced {
+                st.converging_nodes.push(node.clone());
+            }
+        }
+    }
+    st.converging_nodes.sort();
+    st.converging_nodes.dedup();
 }
 
 /// The nodes stages up to `index` hold now, sorted.

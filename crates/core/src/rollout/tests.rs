@@ -714,6 +714,74 @@ fn gitops_adopts_a_daemonset_already_on_spec_template_without_a_rollout() {
 }
 
 #[test]
+fn a_replacement_in_flight_when_a_new_revision_starts_holds_its_slot() {
+    // Regression (found by the property test): a stage of v2 empties a node;
+    // meanwhile the template went to v3 and straight back to v1, and the
+    // DaemonSet cache shows v3. The emptied node's agent comes back on v1,
+    // the stable revision, not Ready yet. Starting v3 drops v2's stages:
+    // that node must keep its slot, or v3's canary takes a second agent down
+    // with maxUnavailable 1.
+    let mut m = settled(6);
+    m.spec.stages = Some(stages(&[("1", false), ("100%", false)]));
+    m.write_revision("v2", Release::Healthy);
+    for _ in 0..200 {
+        if m.status.current_stage == Some(1) {
+            break;
+        }
+        m.one_reconcile();
+    }
+    assert_eq!(m.status.current_stage, Some(1));
+    m.write_revision("v3", Release::Healthy);
+    m.advance();
+    m.write_revision("v1", Release::Healthy);
+    m.advance();
+    // The DaemonSet cache still shows v2: stage 2 empties a node, whose agent
+    // the DaemonSet controller brings back on v1.
+    let mut emptied = None;
+    for passes in 0..100 {
+        let lag = Lag {
+            daemonset: 2 + passes,
+            ..Lag::default()
+        };
+        let d = m.reconcile(lag, Losses::default()).expect("a pass");
+        m.advance();
+        if let Some(pods) = d.actions.iter().find_map(|a| match a {
+            Action::DeletePods { pods } => Some(pods),
+            _ => None,
+        }) {
+            emptied = Some((pods[0].node.clone(), passes));
+            break;
+        }
+    }
+    let (emptied, passes) = emptied.expect("stage 2 replaces a pod");
+    assert!(
+        m.cluster
+            .pods
+            .values()
+            .any(|p| p.node == emptied && p.revision == "v1" && !p.ready),
+        "{emptied} runs a v1 agent, not Ready yet"
+    );
+    assert!(m.disrupted.contains(&emptied), "{emptied} is down");
+    // Now the cache shows v3.
+    let lag = Lag {
+        daemonset: passes + 2,
+        ..Lag::default()
+    };
+    let d = m.reconcile(lag, Losses::default()).expect("a pass");
+    assert_eq!(d.status.target_revision.as_deref(), Some("v3"));
+    assert!(
+        d.status.converging_nodes.contains(&emptied),
+        "{emptied} carried: {:?}",
+        d.status.converging_nodes
+    );
+    no_violations(&m);
+    m.advance();
+    m.run(400);
+    assert!(m.all_on("v1"), "{:#?}", m.status);
+    no_violations(&m);
+}
+
+#[test]
 fn a_lost_template_write_is_made_again() {
     let mut m = settled(4);
     m.spec_hash = Some("h2".into());
