@@ -33,7 +33,8 @@ use super::caches::Triggers;
 use super::{Memories, RolloutKey, with_memory, writes};
 use crate::leader::Fence;
 
-/// Label patches in flight at once, per SafeRollout.
+/// Label patches in flight at once, per SafeRollout (all of them together
+/// keep to [`writes::API_WRITES_IN_FLIGHT`]).
 const PARALLEL_WRITES: usize = 32;
 
 /// One queued action: this rollout's labels with `stage` on `nodes`, or
@@ -56,6 +57,7 @@ pub struct Shared {
     pub fence: Arc<Fence>,
     pub memory: Memories,
     pub triggers: Arc<Triggers>,
+    pub write_slots: writes::WriteSlots,
 }
 
 /// Queues writing this rollout's labels (`stage`; `None`: removing them) on
@@ -131,10 +133,16 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
     let params = writes::patch_params();
     let fence = shared.fence.clone();
     let (memory, rollout) = (shared.memory.clone(), key.clone());
+    let slots = shared.write_slots.clone();
     // Owned per write: the task is spawned, so no borrow may cross it.
     let writes = nodes.into_iter().map(move |node| {
-        let (api, labels, params, fence) =
-            (api.clone(), labels.clone(), params.clone(), fence.clone());
+        let (api, labels, params, fence, slots) = (
+            api.clone(),
+            labels.clone(),
+            params.clone(),
+            fence.clone(),
+            slots.clone(),
+        );
         let (memory, rollout) = (memory.clone(), rollout.clone());
         async move {
             // Checked before each write: a replica that lost the lease writes
@@ -152,8 +160,8 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
             }
             // Answered with the node's metadata only (PartialObjectMetadata):
             // not its status, for each of a stage's thousands of writes.
-            let r = api
-                .patch_metadata(&node, &params, &Patch::Merge(&*labels))
+            let r = slots
+                .run(api.patch_metadata(&node, &params, &Patch::Merge(&*labels)))
                 .await;
             (node, r.map(Some).map_err(Some))
         }

@@ -95,6 +95,8 @@ pub struct Context {
     /// Where the label writers send a rollout's next pass.
     triggers: Arc<Triggers>,
     memory: Memories,
+    /// Node and pod writes in flight, all SafeRollouts together.
+    pub write_slots: writes::WriteSlots,
 }
 
 impl Context {
@@ -110,6 +112,7 @@ impl Context {
             fence: self.fence.clone(),
             memory: self.memory.clone(),
             triggers: self.triggers.clone(),
+            write_slots: self.write_slots.clone(),
         }
     }
 
@@ -672,6 +675,7 @@ pub async fn run(
         fence,
         triggers: triggers.clone(),
         memory: Default::default(),
+        write_slots: Default::default(),
     });
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

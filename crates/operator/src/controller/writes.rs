@@ -51,6 +51,38 @@ pub fn is_failed_guard(s: &kube::core::Status) -> bool {
 /// parallel).
 const PARALLEL_WRITES: usize = 64;
 
+/// Node and pod writes in flight at once, all SafeRollouts together (each
+/// also keeps to its own limit). Each request in flight holds its own HTTP/1.1
+/// connection to the API server, and hyper keeps a connection idle for 90 s
+/// after its request with its buffers and TLS state, about 30 KB: 50
+/// SafeRollouts labelling their stages at once opened 541 connections
+/// (heaptrack, 5,000 nodes; 15 MB of the heap). Status writes, Events and
+/// DaemonSet writes take no slot, so a revert never queues behind another
+/// rollout's label writes.
+pub const API_WRITES_IN_FLIGHT: usize = 64;
+
+/// The slots of [`API_WRITES_IN_FLIGHT`], shared by the passes and the label
+/// writers.
+#[derive(Clone)]
+pub struct WriteSlots(std::sync::Arc<tokio::sync::Semaphore>);
+
+impl Default for WriteSlots {
+    fn default() -> Self {
+        WriteSlots(std::sync::Arc::new(tokio::sync::Semaphore::new(
+            API_WRITES_IN_FLIGHT,
+        )))
+    }
+}
+
+impl WriteSlots {
+    /// Runs `write` once a slot is free.
+    pub async fn run<T>(&self, write: impl std::future::Future<Output = T>) -> T {
+        // Never closed; if it were, the write would go without a slot.
+        let _slot = self.0.acquire().await.ok();
+        write.await
+    }
+}
+
 fn fenced(ctx: &Context) -> Result<()> {
     if ctx.fence.is_open() {
         Ok(())
@@ -258,7 +290,7 @@ async fn patch_nodes(ctx: &Context, nodes: &[String], patch: serde_json::Value) 
     let patch = Patch::Merge(&patch);
     let params = patch_params();
     let mut writes = futures::stream::iter(nodes)
-        .map(|n| api.patch(n, &params, &patch))
+        .map(|n| ctx.write_slots.run(api.patch(n, &params, &patch)))
         .buffer_unordered(PARALLEL_WRITES);
     while let Some(r) = writes.next().await {
         match r {
@@ -287,7 +319,8 @@ async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result
         };
         let api = api.clone();
         let (name, uid) = (p.name.clone(), p.uid.clone());
-        async move { (uid, api.delete(&name, &params).await) }
+        let slots = ctx.write_slots.clone();
+        async move { (uid, slots.run(api.delete(&name, &params)).await) }
     };
     let mut deletes = futures::stream::iter(pods)
         .map(delete)
@@ -493,5 +526,35 @@ mod tests {
         });
         let written: WrittenVersion = serde_json::from_value(answer).unwrap();
         assert_eq!(written.metadata.resource_version.as_deref(), Some("4711"));
+    }
+
+    /// Writers of many rollouts at once (each with its own limit) keep to
+    /// the shared limit together, and use all of it.
+    #[tokio::test]
+    async fn write_slots_bound_the_writes_in_flight_across_writers() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let slots = WriteSlots::default();
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let writer = |_: usize| {
+            let (slots, now, most) = (slots.clone(), now.clone(), most.clone());
+            async move {
+                futures::stream::iter(0..100)
+                    .map(|_| {
+                        slots.run(async {
+                            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(n, Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            now.fetch_sub(1, Ordering::SeqCst);
+                        })
+                    })
+                    .buffer_unordered(32)
+                    .count()
+                    .await
+            }
+        };
+        let done: Vec<usize> = futures::future::join_all((0..10).map(writer)).await;
+        assert_eq!(done, vec![100; 10]);
+        assert_eq!(most.load(Ordering::SeqCst), API_WRITES_IN_FLIGHT);
     }
 }
