@@ -16,7 +16,7 @@
 //! 8. a stage whose gates all passed on all its nodes soaks, waits for its
 //!    approval, then the next stage starts, or the rollout is done.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -317,13 +317,18 @@ fn carry_replacements_in_flight(o: &Observed, st: &mut SafeRolloutStatus) {
 
 /// The nodes stages up to `index` hold now, sorted.
 fn held_nodes(st: &SafeRolloutStatus, index: usize) -> Vec<&str> {
-    let set: BTreeSet<&str> = st
+    let mut held: Vec<&str> = st
         .stages
         .iter()
         .filter(|s| s.index as usize <= index)
         .flat_map(|s| s.nodes.iter().map(String::as_str))
         .collect();
-    set.into_iter().collect()
+    // Each stage's list is sorted already (one run per stage): an unstable
+    // sort checks that in one comparison per node, where building a sorted
+    // set compared every name about ten times (at 1,000 nodes, twice a pass).
+    held.sort_unstable();
+    held.dedup();
+    held
 }
 
 fn note(list: &mut Vec<NodeNote>, node: &str, reason: &str, message: String) {
@@ -391,22 +396,25 @@ fn reconcile_membership(
                 .expect("just pushed")
         }
     };
-    let mut held: BTreeSet<String> = held_nodes(st, index)
+    // Names borrowed from the snapshot (every node still held is in it, see
+    // above), so the status can change below; hashed, as every node of the
+    // cluster is looked up in it on every pass.
+    let mut held: HashSet<&str, foldhash::fast::FixedState> = held_nodes(st, index)
         .into_iter()
-        .map(str::to_string)
+        .filter_map(|n| o.nodes.get(n).map(|v| v.name))
         .collect();
 
     // Nodes that joined on the target revision by themselves (a new node, a
     // pod deleted by someone else) are judged with the current stage.
-    let joiners: Vec<String> = o
+    let joiners: Vec<&str> = o
         .nodes
         .values()
         .filter(|n| !held.contains(n.name))
         .filter(|n| live_pods(o.pods, n.name).any(|p| p.revision == target))
         .filter(|n| eligibility(n, placement).is_eligible())
-        .map(|n| n.name.to_string())
+        .map(|n| n.name)
         .collect();
-    let mut added: Vec<String> = joiners.clone();
+    let mut added: Vec<String> = joiners.iter().map(|n| n.to_string()).collect();
 
     // Plan up to the stage's cumulative size.
     let canary = plan::canary_selector(
@@ -420,12 +428,13 @@ fn reconcile_membership(
     let candidate_count = plan::candidate_count(o.nodes, o.pods, placement);
     let wanted = resolve_count(&stage_spec.nodes, candidate_count, true).unwrap_or(1);
     let size = plan::cumulative_target(wanted, candidate_count);
-    held.extend(joiners.iter().cloned());
+    held.extend(joiners.iter().copied());
     let mut planned = Vec::new();
     if held.len() < size {
         let candidates = plan::candidates(o.nodes, o.pods, placement, &canary, target);
-        planned = plan::plan_stage(&candidates, &held, size, index == 0)?;
-        planned.retain(|n| !held.contains(n));
+        let already: BTreeSet<String> = held.iter().map(|n| n.to_string()).collect();
+        planned = plan::plan_stage(&candidates, &already, size, index == 0)?;
+        planned.retain(|n| !held.contains(n.as_str()));
     } else if held.is_empty() {
         return Err(PlanError::NoNodes);
     }

@@ -9,7 +9,7 @@
 //! and are sent to the leader's work queue ([`Triggers`]); a follower drops
 //! them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -34,9 +34,47 @@ use crate::metrics::Metrics;
 #[derive(Default)]
 pub struct Triggers {
     queue: Mutex<Option<UnboundedSender<ObjectRef<SafeRollout>>>>,
+    /// UIDs of the agent pods this replica is deleting: the watch event that
+    /// shows such a pod's deletion start wakes nobody, as the pass that
+    /// deleted it counts it as going already (its rollout's expectations),
+    /// and deciding again would change nothing. At `maxUnavailable: 1` on
+    /// 1,000 nodes that was one pass in four of every replacement.
+    own_deletions: Mutex<HashSet<String>>,
 }
 
 impl Triggers {
+    /// The operator is about to delete the pod `uid`.
+    pub fn deleting(&self, uid: &str) {
+        self.own_deletions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_string());
+    }
+
+    /// Its delete failed or was refused: whatever the watch shows of the pod
+    /// wakes its rollout as usual.
+    pub fn not_deleting(&self, uid: &str) {
+        self.own_deletions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
+
+    /// Whether pod `uid` was being deleted by the operator (forgotten now).
+    fn take_own_deletion(&self, uid: &str) -> bool {
+        self.own_deletions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid)
+    }
+
+    fn forget_own_deletions(&self) {
+        self.own_deletions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     pub fn send(&self, r: ObjectRef<SafeRollout>) {
         if let Some(tx) = self
             .queue
@@ -140,6 +178,8 @@ pub struct Caches {
     pub probe_pods: NsStores<Pod>,
     /// Every node, projected (see [`SlimNode`]).
     pub nodes: Store<SlimNode>,
+    /// The same nodes sorted by name, kept between node changes.
+    sorted_nodes: SortedNodes,
     /// Parsed templates of the ControllerRevisions (forgotten when one goes).
     pub templates: super::snapshot::TemplateCache,
     /// What the device gates read (slices, claims, probes, quarantine
@@ -187,6 +227,66 @@ impl Caches {
 
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
+    }
+
+    /// Every node, sorted by name (see [`SortedNodes`]).
+    pub fn nodes_by_name(&self) -> Arc<Vec<Arc<SlimNode>>> {
+        self.sorted_nodes.get(&self.nodes)
+    }
+}
+
+/// The node store's objects sorted by name, kept until a node changes.
+///
+/// Each pass views every node in name order; sorting the store's objects
+/// anew each time took a fifth of the operator's CPU at 1,000 nodes with
+/// `maxUnavailable: 1`, where nodes hardly change while pods do. Every node
+/// event drops the list (after the store has the change, before any pass it
+/// triggers), and a list read from the store before a drop is never kept
+/// after it: a pass sees the same nodes as if it had sorted the store.
+#[derive(Default)]
+pub struct SortedNodes {
+    inner: Mutex<SortedNodesState>,
+}
+
+#[derive(Default)]
+struct SortedNodesState {
+    /// Bumped by every node event.
+    generation: u64,
+    /// The sorted list and the generation it was read at.
+    list: Option<(u64, Arc<Vec<Arc<SlimNode>>>)>,
+}
+
+impl SortedNodes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SortedNodesState> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A node changed: the next reader sorts the store again.
+    pub fn invalidate(&self) {
+        let mut s = self.lock();
+        s.generation += 1;
+        s.list = None;
+    }
+
+    pub fn get(&self, store: &Store<SlimNode>) -> Arc<Vec<Arc<SlimNode>>> {
+        let generation = {
+            let s = self.lock();
+            if let Some((g, list)) = &s.list
+                && *g == s.generation
+            {
+                return list.clone();
+            }
+            s.generation
+        };
+        // Sorted outside the lock; kept only if no node changed meanwhile.
+        let mut nodes = store.state();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let nodes = Arc::new(nodes);
+        let mut s = self.lock();
+        if s.generation == generation {
+            s.list = Some((generation, nodes.clone()));
+        }
+        nodes
     }
 }
 
@@ -330,6 +430,7 @@ pub fn start(
         revisions: ns_stores(),
         probe_pods: ns_stores(),
         nodes,
+        sorted_nodes: SortedNodes::default(),
         devices,
     };
     let mut writers = Writers::default();
@@ -622,19 +723,29 @@ impl Router {
             Event::Apply(p) => {
                 let fp = pod_fingerprint(p);
                 let before = fingerprints.insert(pod_key(p), fp);
-                // A pod not yet scheduled is in no decision (see AgentPod::of).
-                if before != Some(fp) && !(before.is_none() && fp == UNSCHEDULED) {
+                let own_deletion = p.metadata.deletion_timestamp.is_some()
+                    && p.metadata
+                        .uid
+                        .as_deref()
+                        .is_some_and(|uid| self.triggers.take_own_deletion(uid));
+                if pod_change_wakes(before, fp, own_deletion) {
                     wake(p);
                 }
             }
             Event::Delete(p) => {
                 fingerprints.remove(&pod_key(p));
+                if let Some(uid) = p.metadata.uid.as_deref() {
+                    self.triggers.not_deleting(uid);
+                }
                 wake(p);
             }
             Event::InitApply(p) => {
                 fingerprints.insert(pod_key(p), pod_fingerprint(p));
             }
-            Event::Init => fingerprints.clear(),
+            Event::Init => {
+                fingerprints.clear();
+                self.triggers.forget_own_deletions();
+            }
             Event::InitDone => self.all_in(None),
         }
     }
@@ -692,6 +803,8 @@ impl Router {
     /// again over every node (at 5,000 nodes and 50 rollouts: 466 CPU-seconds
     /// for 5,000 replacements).
     fn node_event(&self, ev: &Event<SlimNode>, memos: &mut HashMap<String, NodeMemo>) {
+        // The store has the change already; passes it triggers come after.
+        self.caches.sorted_nodes.invalidate();
         match ev {
             Event::Apply(n) => {
                 let now = NodeMemo::of(n);
@@ -869,6 +982,18 @@ impl NodeMemo {
     }
 }
 
+/// Whether an agent pod's change from fingerprint `before` (`None`: first
+/// seen) to `now` wakes its rollouts. Not when nothing decisions read
+/// changed, nor for a pod first seen unscheduled (it is in no decision, see
+/// `AgentPod::of`), nor when the change is the start of a deletion the
+/// operator made (`own_deletion`, see [`Triggers::deleting`]).
+fn pod_change_wakes(before: Option<u64>, now: u64, own_deletion: bool) -> bool {
+    match before {
+        None => now != UNSCHEDULED,
+        Some(b) => b != now && !own_deletion,
+    }
+}
+
 /// A pod by UID (a pod recreated under the same name is another pod).
 fn pod_key(p: &SlimPod) -> String {
     p.metadata
@@ -883,7 +1008,10 @@ const UNSCHEDULED: u64 = 0;
 /// What of an agent pod decisions read: identity, labels and owner, node,
 /// deletion, phase, readiness and the containers' states (the pod views of
 /// `saferollout_core::views::AgentPod`, and the start times the logs gate
-/// reads). Not its resourceVersion, nor timestamps only kubelets look at.
+/// reads). Not its resourceVersion, nor timestamps only kubelets look at,
+/// nor the status of a pod being deleted: every decision leaves such a pod
+/// out but for its creation and deletion times (the kubelet's last status
+/// writes of a terminating pod woke a pass each).
 fn pod_fingerprint(p: &SlimPod) -> u64 {
     use std::hash::Hasher;
     let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
@@ -898,7 +1026,11 @@ fn pod_fingerprint(p: &SlimPod) -> u64 {
     for o in p.metadata.owner_references.iter().flatten() {
         (&o.kind, &o.name, &o.uid).hash(&mut h);
     }
-    if let Some(st) = &p.status {
+    if let Some(st) = p
+        .status
+        .as_ref()
+        .filter(|_| p.metadata.deletion_timestamp.is_none())
+    {
         st.phase.hash(&mut h);
         st.start_time.as_ref().map(|t| t.0).hash(&mut h);
         for c in st.conditions.iter().flatten() {
@@ -1043,7 +1175,50 @@ mod tests {
         deleting.metadata.deletion_timestamp = Some(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         );
-        assert_ne!(base, pod_fingerprint(&deleting));
+        let deleting_fp = pod_fingerprint(&deleting);
+        assert_ne!(base, deleting_fp);
+        let mut terminated = deleting.clone();
+        terminated.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        terminated.status.as_mut().unwrap().conditions = None;
+        assert_eq!(
+            deleting_fp,
+            pod_fingerprint(&terminated),
+            "a terminating pod's status is in no decision"
+        );
+    }
+
+    #[test]
+    fn a_pod_change_wakes_unless_nothing_read_changed_or_it_is_our_own_delete() {
+        assert!(
+            !pod_change_wakes(None, UNSCHEDULED, false),
+            "created, not scheduled"
+        );
+        assert!(pod_change_wakes(None, 7, false), "first seen scheduled");
+        assert!(pod_change_wakes(Some(UNSCHEDULED), 7, false), "scheduled");
+        assert!(!pod_change_wakes(Some(7), 7, false), "nothing read changed");
+        assert!(pod_change_wakes(Some(7), 8, false), "changed, e.g. Ready");
+        assert!(
+            !pod_change_wakes(Some(7), 8, true),
+            "the deletion the operator made"
+        );
+        assert!(
+            pod_change_wakes(None, 8, true),
+            "a pod first seen while being deleted is news"
+        );
+    }
+
+    #[test]
+    fn own_deletions_are_forgotten_once_seen_or_failed() {
+        let t = Triggers::default();
+        t.deleting("u1");
+        t.deleting("u2");
+        assert!(t.take_own_deletion("u1"));
+        assert!(!t.take_own_deletion("u1"), "taken once");
+        t.not_deleting("u2");
+        assert!(!t.take_own_deletion("u2"));
+        t.deleting("u3");
+        t.forget_own_deletions();
+        assert!(!t.take_own_deletion("u3"));
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub struct World {
     revisions: Vec<(Arc<ControllerRevision>, Arc<PodTemplateSpec>)>,
     pub backup: Option<Arc<ControllerRevision>>,
     pods: Vec<Arc<SlimPod>>,
-    nodes: Vec<Arc<SlimNode>>,
+    /// Sorted by name (shared with other passes until a node changes).
+    nodes: Arc<Vec<Arc<SlimNode>>>,
     /// The older SafeRollout that targets the same DaemonSet, if any.
     pub owned_by_other: Option<String>,
     /// What the device gates read.
@@ -154,7 +155,7 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
         revisions,
         backup,
         pods,
-        nodes: caches.nodes.state(),
+        nodes: caches.nodes_by_name(),
         owned_by_other,
         devices: super::devices::gather(sr, &caches.devices),
     }

@@ -308,8 +308,10 @@ async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result
     let now = Timestamp::now();
     let delete = |p: &PodRef| {
         info!(ns = %key.0, pod = %p.name, node = %p.node, "replacing agent pod");
-        // Remembered before the call: a delete that times out may still happen.
+        // Remembered before the call: a delete that times out may still
+        // happen, and the watch may show it before the answer comes.
         ctx.memory(key, |m| m.expectations.pod_deleted(&p.uid, now));
+        ctx.triggers.deleting(&p.uid);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(p.uid.clone()),
@@ -326,6 +328,9 @@ async fn delete_pods(ctx: &Context, key: &RolloutKey, pods: &[PodRef]) -> Result
         .map(delete)
         .buffer_unordered(PARALLEL_WRITES);
     while let Some((uid, r)) = deletes.next().await {
+        if r.is_err() {
+            ctx.triggers.not_deleting(&uid);
+        }
         match r {
             // Gone already: the cache will show it.
             Err(kube::Error::Api(s)) if s.code == 404 => {}
