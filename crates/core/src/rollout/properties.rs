@@ -7,6 +7,8 @@
 //! - at most `maxUnavailable` covered nodes are down because the operator
 //!   deleted their serving agent (nodes whose agent failed a gate excepted);
 //! - no agent is deleted on a node the DaemonSet controller would not refill;
+//! - a stage replaces a node's agent only once the node carries the stage's
+//!   label;
 //! - a blocked revision never becomes stable, is never written again from
 //!   spec.template, and no pod is deleted while the DaemonSet carries it;
 //! - no stage passes unless every node it holds runs a Ready pod of the target
