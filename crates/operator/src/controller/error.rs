@@ -26,6 +26,10 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How soon a pass that met the closed write fence runs again. The pass
+/// stops at the fence before any request, so retrying costs nothing.
+pub const NOT_LEADER_RETRY: Duration = Duration::from_millis(500);
+
 impl Error {
     /// The error itself, seen through the finalizer's wrapping.
     pub fn root(&self) -> &Error {
@@ -58,7 +62,8 @@ impl Error {
     }
 
     /// What to do next: conflicts resolve on the next pass with fresh caches
-    /// (retry at once); losing the lease ends the work; anything else backs off.
+    /// (retry at once); a closed write fence retries shortly (the queue ends
+    /// with the leadership); anything else backs off.
     pub fn requeue(&self) -> Requeue {
         match self.root() {
             Error::StaleDaemonSet => Requeue::requeue(Duration::from_millis(200)),
@@ -73,7 +78,16 @@ impl Error {
             Error::Finalizer(f) if matches!(&**f, finalizer::Error::AddFinalizer(kube::Error::Api(s)) if s.code == 422) => {
                 Requeue::requeue(Duration::from_millis(200))
             }
-            Error::NotLeader => Requeue::await_change(),
+            // The fence is closed while this replica leads: the lease is
+            // held but its renewal not yet seen (just elected, or the
+            // Lease watch lags). Waiting for a change lost the pass: at
+            // start-up, every rollout the new leader queued could meet the
+            // fence before the first confirmation and then sat untouched
+            // until something about it changed (a SafeRollout created just
+            // before the operator started stayed without status for
+            // minutes). A replica that stops leading drops its queue, so
+            // the retry ends with the leadership.
+            Error::NotLeader => Requeue::requeue(NOT_LEADER_RETRY),
             _ => Requeue::requeue(Duration::from_secs(5)),
         }
     }
@@ -130,6 +144,9 @@ mod tests {
             Error::MissingField("x").requeue(),
             Requeue::requeue(Duration::from_secs(5))
         );
-        assert_eq!(Error::NotLeader.requeue(), Requeue::await_change());
+        assert_eq!(
+            Error::NotLeader.requeue(),
+            Requeue::requeue(NOT_LEADER_RETRY)
+        );
     }
 }
