@@ -1040,57 +1040,50 @@ impl Model {
                 }
             }
         }
-        // A pod is deleted only where the DaemonSet controller will refill it.
-        for a in &d.actions {
-            if let Action::DeletePods { pods } = a {
-                for p in pods {
-                    let eligible = nodes_c
-                        .nodes
-                        .get(&p.node)
-                        .is_some_and(|n| self.eligible_truth(n));
-                    if !eligible {
-                        self.violations
-                            .push(format!("deleted the agent of ineligible node {}", p.node));
-                    }
-                }
-            }
-        }
-        // A rolling stage replaces a node's agent only once the node carries
-        // its stage's label (the node itself, not the cache the pass read:
-        // the writer's answer may come before the watch shows the label).
-        // Rolling: the pass saw the DaemonSet on a target not yet stable.
-        // (Returning nodes to the stable revision labels nothing.)
+        // Every pod a pass deletes:
+        // - only where the DaemonSet controller will refill it;
+        // - while a stage rolls, only once the node carries its stage's
+        //   label (the node itself, not the cache the pass read: the
+        //   writer's answer may come before the watch shows the label).
+        //   Rolling: the pass saw the DaemonSet on a target not yet stable.
+        //   (Returning nodes to the stable revision labels nothing.)
         let rolling = new.phase == Some(saferollout_api::Phase::Progressing)
             && new.target_revision.as_deref() == Some(ds_c.ds.template.as_str())
             && new.target_revision != new.stable_revision;
-        if rolling {
-            for a in &d.actions {
-                let Action::DeletePods { pods } = a else {
+        for a in &d.actions {
+            let Action::DeletePods { pods } = a else {
+                continue;
+            };
+            for p in pods {
+                let eligible = nodes_c
+                    .nodes
+                    .get(&p.node)
+                    .is_some_and(|n| self.eligible_truth(n));
+                if !eligible {
+                    self.violations
+                        .push(format!("deleted the agent of ineligible node {}", p.node));
+                }
+                // (A node gone meanwhile takes its pods with it.)
+                let Some(node) = self.cluster.nodes.get(&p.node).filter(|_| rolling) else {
                     continue;
                 };
-                for p in pods {
-                    // A node listed by two stages belongs to the later one.
-                    let stage = new
-                        .stages
-                        .iter()
-                        .filter(|s| s.nodes.contains(&p.node))
-                        .map(|s| s.index.to_string())
-                        .next_back();
-                    // (A node gone meanwhile takes its pods with it.)
-                    let Some(node) = self.cluster.nodes.get(&p.node) else {
-                        continue;
-                    };
-                    let carries = node.labels.get(ROLLOUT_LABEL).map(String::as_str)
-                        == Some(ROLLOUT_ID)
-                        && stage.is_some()
-                        && node.labels.get(STAGE_LABEL) == stage.as_ref();
-                    if !carries {
-                        self.violations.push(format!(
-                            "deleted the agent of node {} before it carried the label of stage {}",
-                            p.node,
-                            stage.as_deref().unwrap_or("(none)")
-                        ));
-                    }
+                // A node listed by two stages belongs to the later one.
+                let stage = new
+                    .stages
+                    .iter()
+                    .filter(|s| s.nodes.contains(&p.node))
+                    .map(|s| s.index.to_string())
+                    .next_back();
+                let carries = node.labels.get(ROLLOUT_LABEL).map(String::as_str)
+                    == Some(ROLLOUT_ID)
+                    && stage.is_some()
+                    && node.labels.get(STAGE_LABEL) == stage.as_ref();
+                if !carries {
+                    self.violations.push(format!(
+                        "deleted the agent of node {} before it carried the label of stage {}",
+                        p.node,
+                        stage.as_deref().unwrap_or("(none)")
+                    ));
                 }
             }
         }

@@ -43,36 +43,28 @@ pub struct Triggers {
 }
 
 impl Triggers {
+    fn own_deletions(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.own_deletions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The operator is about to delete the pod `uid`.
     pub fn deleting(&self, uid: &str) {
-        self.own_deletions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(uid.to_string());
+        self.own_deletions().insert(uid.to_string());
     }
 
     /// Its delete failed or was refused: whatever the watch shows of the pod
     /// wakes its rollout as usual.
     pub fn not_deleting(&self, uid: &str) {
-        self.own_deletions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid);
+        self.own_deletions().remove(uid);
     }
 
     /// Whether pod `uid` was being deleted by the operator (forgotten now).
     fn take_own_deletion(&self, uid: &str) -> bool {
-        self.own_deletions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid)
+        self.own_deletions().remove(uid)
     }
 
     fn forget_own_deletions(&self) {
-        self.own_deletions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.own_deletions().clear();
     }
 
     pub fn send(&self, r: ObjectRef<SafeRollout>) {
