@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use saferollout_operator::{controller, leader, metrics};
+use saferollout_operator::{client, controller, leader, metrics};
 use tracing_subscriber::EnvFilter;
 
 // Feature `system-allocator`: the C library's malloc, for heap profilers
@@ -117,7 +117,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.lease_grace == 0 || args.lease_grace >= args.lease_duration {
         anyhow::bail!("--lease-grace must be at least 1 and less than --lease-duration");
     }
-    let client = kube::Client::try_default().await?;
+    let client = client::infer().await?;
     let metrics = Arc::new(metrics::Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.metrics_addr).await?;
     tracing::info!(

@@ -1019,3 +1019,49 @@ async fn preflight_reports_a_privileged_agent_in_a_restricted_namespace() -> any
     assert!(pods.items.iter().all(|p| image_of(p) == v1 && pod_ready(p)));
     Ok(())
 }
+
+/// The operator's API client speaks HTTP/2 to the real API server (kube's
+/// own client is HTTP/1.1 only): 32 requests in flight at once share one
+/// connection instead of opening one each.
+#[tokio::test]
+async fn the_operator_client_multiplexes_its_requests_over_http2() -> anyhow::Result<()> {
+    // Alone in this process, so the sockets counted are this test's.
+    let _serial = SERIAL.lock().await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(cluster().kubeconfig())?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = saferollout_operator::client::from_config(config)?;
+    let sockets = || -> anyhow::Result<usize> {
+        let mut n = 0;
+        for fd in std::fs::read_dir("/proc/self/fd")? {
+            if std::fs::read_link(fd?.path())
+                .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    };
+    let before = sockets()?;
+    // The responses are kept with their bodies unread: over HTTP/1.1 each
+    // would still hold its connection.
+    let responses = futures::future::try_join_all((0..32).map(|_| {
+        let client = client.clone();
+        async move {
+            let request = http::Request::get("/api/v1/namespaces/default")
+                .body(kube::client::Body::empty())
+                .expect("a valid request");
+            client.send(request).await
+        }
+    }))
+    .await?;
+    let opened = sockets()?.saturating_sub(before);
+    assert!(
+        opened <= 2,
+        "32 requests in flight opened {opened} sockets, not one HTTP/2 connection"
+    );
+    for r in &responses {
+        assert!(r.status().is_success(), "{}", r.status());
+        assert_eq!(r.version(), http::Version::HTTP_2);
+    }
+    Ok(())
+}

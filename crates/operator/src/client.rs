@@ -1,0 +1,76 @@
+//! The operator's Kubernetes API client: kube's stack (base URI, auth,
+//! extra headers, server-aware retries, connect and write timeouts) over a
+//! connection that speaks HTTP/2 when the API server offers it, as client-go
+//! does.
+//!
+//! kube's own client speaks HTTP/1.1 only, where every request in flight
+//! holds a TLS connection of its own (a handshake, and about 30 KB of
+//! buffers and state, kept idle for 90 s after). With 50 SafeRollouts
+//! starting stages together the operator held about 100 such connections at
+//! 5,000 nodes (bench/results/2026-12-04-h2.md). Over HTTP/2 every watch and
+//! write shares one connection. The API server caps the streams of a
+//! connection (`--http2-max-streams-per-connection`, Go's 250 when unset);
+//! a request beyond the cap waits in the client for a stream to close rather
+//! than fail, and the operator keeps far fewer in flight anyway (64 node and
+//! pod writes, `API_WRITES_IN_FLIGHT`, plus its watches and status writes).
+
+use hyper_timeout::TimeoutConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::ConfigExt;
+use kube::client::retry::RetryPolicy;
+use kube::{Client, Config};
+use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
+
+/// A client for `config` (HTTP/2 over TLS where the server agrees to it by
+/// ALPN; HTTP/1.1 otherwise, e.g. a plain-HTTP test server).
+pub fn from_config(config: Config) -> kube::Result<Client> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let tls = config.rustls_client_config()?;
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let https = match config.tls_server_name.as_deref() {
+        Some(name) => https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+            rustls::pki_types::ServerName::try_from(name.to_owned()).map_err(|e| {
+                kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e))
+            })?,
+        )),
+        None => https,
+    };
+    let https = https.enable_all_versions().wrap_connector(http);
+    let mut connector = TimeoutConnector::new(https);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        // HTTP/2 keep-alive pings need a timer (hyper panics without one).
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        // The receive windows stay hyper's (2 MB a stream, 5 MB the
+        // connection): a 5,000-node initial list streams without waiting on
+        // window updates, and nothing is buffered unless a reader lags.
+        // A dead connection would take every watch with it: ping it while
+        // idle so it is noticed and replaced.
+        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
+        .http2_keep_alive_timeout(std::time::Duration::from_secs(15))
+        .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace))
+}
+
+/// The client of the environment: in-cluster config, else `KUBECONFIG`.
+pub async fn infer() -> kube::Result<Client> {
+    from_config(Config::infer().await.map_err(kube::Error::InferConfig)?)
+}
