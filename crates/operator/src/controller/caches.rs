@@ -115,8 +115,13 @@ where
         };
         let all = store.state();
         if self.all.is_some() {
-            all.into_iter()
+            // Not `into_iter().filter().collect()`: that reuses the buffer of
+            // every object in the cluster (40 KB at 5,000 pods) for the few
+            // of one namespace, and a pass keeps it while it writes; 50
+            // SafeRollouts' passes kept 1.5 MB of them (heaptrack).
+            all.iter()
                 .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
+                .cloned()
                 .collect()
         } else {
             all
@@ -1211,6 +1216,39 @@ mod tests {
         t.deleting("u3");
         t.forget_own_deletions();
         assert!(!t.take_own_deletion("u3"));
+    }
+
+    #[test]
+    fn one_namespace_of_the_cluster_wide_store_keeps_no_buffer_of_the_cluster() {
+        let (store, mut writer) = reflector::store::<SlimPod>();
+        let pod = |ns: &str, i: usize| -> SlimPod {
+            serde_json::from_value(json!({"metadata": {"name": format!("p{i}"), "namespace": ns}}))
+                .unwrap()
+        };
+        for i in 0..1000 {
+            writer.apply_watcher_event(&watcher::Event::Apply(pod("big", i)));
+        }
+        for i in 0..3 {
+            writer.apply_watcher_event(&watcher::Event::Apply(pod("small", i)));
+        }
+        let stores = NsStores {
+            all: Some(store),
+            by_namespace: HashMap::new(),
+        };
+        let small = stores.in_namespace("small");
+        assert_eq!(small.len(), 3);
+        assert!(
+            small
+                .iter()
+                .all(|p| p.metadata.namespace.as_deref() == Some("small")),
+            "{small:?}"
+        );
+        assert!(
+            small.capacity() < 100,
+            "kept room for {} pods",
+            small.capacity()
+        );
+        assert_eq!(stores.in_namespace("big").len(), 1000);
     }
 
     #[test]
