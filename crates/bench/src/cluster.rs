@@ -249,15 +249,19 @@ pub fn reconcile_metrics(text: &str) -> (f64, f64, Vec<(String, f64)>) {
     };
     let sum = value("saferollout_reconcile_duration_seconds_sum");
     let count = value("saferollout_reconcile_duration_seconds_count");
-    let results = text
-        .lines()
-        .filter(|l| l.starts_with("saferollout_reconciles_total{"))
+    (sum, count, by_label(text, "saferollout_reconciles_total"))
+}
+
+/// The series of the one-label counter `name`: (label value, value).
+pub fn by_label(text: &str, name: &str) -> Vec<(String, f64)> {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
         .filter_map(|l| {
             let label = l.split('"').nth(1)?.to_string();
             Some((label, l.rsplit(' ').next()?.parse().ok()?))
         })
-        .collect();
-    (sum, count, results)
+        .collect()
 }
 
 #[cfg(test)]
@@ -272,6 +276,15 @@ mod tests {
         assert_eq!(
             results,
             vec![("success".into(), 28.0), ("requeue".into(), 2.0)]
+        );
+    }
+
+    #[test]
+    fn reads_wakes_by_cause() {
+        let text = "saferollout_wakes_total{cause=\"agent_pod\"} 12\nsaferollout_wakes_total_created 3\nsaferollout_wakes_total{cause=\"node\"} 0\n";
+        assert_eq!(
+            by_label(text, "saferollout_wakes_total"),
+            vec![("agent_pod".into(), 12.0), ("node".into(), 0.0)]
         );
     }
 }

@@ -7,7 +7,7 @@ use jiff::Timestamp;
 use kube::Client;
 
 use crate::audit;
-use crate::cluster::{Cluster, OPERATOR_USER, Operator, reconcile_metrics};
+use crate::cluster::{Cluster, OPERATOR_USER, Operator, by_label, reconcile_metrics};
 use crate::results::OperatorRun;
 
 pub struct Ctx {
@@ -67,6 +67,7 @@ impl Ctx {
     ) -> anyhow::Result<OperatorRun> {
         let metrics = op.metrics().unwrap_or_default();
         let (reconcile_sum, reconciles, reconcile_results) = reconcile_metrics(&metrics);
+        let wakes = by_label(&metrics, "saferollout_wakes_total");
         let started = op.started;
         let (stat, stopped) = op.stop()?;
         let requests: Vec<audit::Request> = audit::read(&self.cluster.audit_log())?
@@ -102,6 +103,7 @@ impl Ctx {
                 0.0
             },
             reconcile_results,
+            wakes,
         })
     }
 }

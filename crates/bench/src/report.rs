@@ -57,6 +57,55 @@ pub fn net(sr: &RolloutRun) -> Option<f64> {
 }
 
 /// Every operator process of a size.
+/// What woke the operator's reconciles, per run: the requests queued by
+/// cause against the reconciles that ran (requests for a rollout already
+/// queued merge into one reconcile).
+fn wakes_table(out: &mut String, r: &Results) {
+    let mut causes: Vec<&str> = Vec::new();
+    for s in &r.sizes {
+        for o in operator_runs(s) {
+            for (c, _) in &o.wakes {
+                if !causes.contains(&c.as_str()) {
+                    causes.push(c);
+                }
+            }
+        }
+    }
+    if causes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nReconcile requests by cause (`saferollout_wakes_total`; requests for a rollout already queued merge into one reconcile):\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | run | reconciles | {} |\n|---|---|---|{}",
+        causes.join(" | "),
+        "---|".repeat(causes.len())
+    );
+    for s in &r.sizes {
+        for o in operator_runs(s).into_iter().filter(|o| !o.wakes.is_empty()) {
+            let counts: Vec<String> = causes
+                .iter()
+                .map(|c| {
+                    let n = o.wakes.iter().find(|(x, _)| x == c).map_or(0.0, |w| w.1);
+                    format!("{n:.0}")
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {} |",
+                s.nodes,
+                o.label,
+                o.reconciles,
+                counts.join(" | ")
+            );
+        }
+    }
+    let _ = writeln!(out);
+}
+
 pub fn operator_runs(s: &SizeResult) -> Vec<&OperatorRun> {
     let mut runs: Vec<&OperatorRun> = s
         .rollouts
@@ -354,6 +403,7 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
             }
         }
     }
+    wakes_table(&mut out, r);
     if let Some((s, o)) = r.sizes.iter().rev().find_map(|s| {
         s.rollouts
             .iter()

@@ -95,6 +95,10 @@ pub struct OperatorRun {
     pub reconciles: f64,
     pub reconcile_mean_ms: f64,
     pub reconcile_results: Vec<(String, f64)>,
+    /// Reconcile requests by cause (`saferollout_wakes_total`); empty in
+    /// results of builds before the metric.
+    #[serde(default)]
+    pub wakes: Vec<(String, f64)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

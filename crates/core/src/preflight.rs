@@ -92,6 +92,15 @@ pub fn device_labels(spec: &SafeRolloutSpec) -> Vec<String> {
 }
 
 /// Runs every check for `revision`.
+/// DESIRED == CURRENT == READY == AVAILABLE: every pod the DaemonSet wants
+/// runs and serves. Of the DaemonSet's status counts, preflight reads only
+/// this (and quotes the counts when it is false).
+pub fn is_settled(st: &k8s_openapi::api::apps::v1::DaemonSetStatus) -> bool {
+    st.desired_number_scheduled == st.current_number_scheduled
+        && st.current_number_scheduled == st.number_ready
+        && st.number_ready == st.number_available.unwrap_or(0)
+}
+
 pub fn check(
     revision: &str,
     ds: &DaemonSet,
@@ -107,10 +116,7 @@ pub fn check(
     // DESIRED == CURRENT == READY == AVAILABLE before anything changes.
     if let Some(st) = &ds.status {
         let available = st.number_available.unwrap_or(0);
-        let healthy = st.desired_number_scheduled == st.current_number_scheduled
-            && st.current_number_scheduled == st.number_ready
-            && st.number_ready == available;
-        if !healthy {
+        if !is_settled(st) {
             findings.push(Finding::error(
                 codes::DAEMONSET_UNHEALTHY,
                 &object,

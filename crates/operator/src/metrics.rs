@@ -72,6 +72,11 @@ pub struct ResourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabels {
     pub version: String,
 }
@@ -116,6 +121,10 @@ pub struct Metrics {
     pub reconciles: Family<ResultLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub watch_restarts: Family<ResourceLabels, Counter>,
+    /// Reconcile requests sent to the work queue, by what sent them (see
+    /// `controller::caches::Cause`); requests for a rollout already queued
+    /// merge into one reconcile, so these count at least the reconciles.
+    pub wakes: Family<CauseLabels, Counter>,
     pub leader: Gauge,
     /// Gates with a `gate_result` series, per rollout (so stale ones go).
     gate_series: std::sync::Mutex<std::collections::HashMap<RolloutLabels, Vec<String>>>,
@@ -153,6 +162,7 @@ impl Default for Metrics {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             watch_restarts: Family::default(),
+            wakes: Family::default(),
             leader: Gauge::default(),
             gate_series: Default::default(),
             caches_synced: AtomicBool::new(false),
@@ -260,6 +270,11 @@ impl Default for Metrics {
             "watch_restarts",
             "Watches that had to list again (errors, expired resource versions), by resource",
             m.watch_restarts.clone(),
+        );
+        registry.register(
+            "wakes",
+            "Reconcile requests queued on the leader, by cause (an agent pod's change, the DaemonSet's, the SafeRollout's own, a node's, ...)",
+            m.wakes.clone(),
         );
         registry.register(
             "leader",

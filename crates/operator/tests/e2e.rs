@@ -1020,6 +1020,85 @@ async fn preflight_reports_a_privileged_agent_in_a_restricted_namespace() -> any
     Ok(())
 }
 
+/// Preflight blocks a rollout while the running release is not settled (one
+/// agent Running but not Ready), and lets it go once the cluster is fixed,
+/// with no edit of the SafeRollout. (The DaemonSet's status counts wake no
+/// pass but for a rollout preflight blocks; here the node's devices coming
+/// back after the new agent's Ready wake it too, so this test passes without
+/// that wake: the routing rule itself is unit-tested in `caches`.)
+#[tokio::test]
+async fn preflight_blocks_an_unsettled_daemonset_until_it_settles() -> anyhow::Result<()> {
+    let env = setup("unsettled").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_plugin_daemonset(&env, v1).await?;
+    let mut spec = default_spec(&env, v1);
+    spec["preflight"] = json!({"policy": "Enforce"});
+    create_rollout(&env, spec).await?;
+    wait_settled_healthy(&env, v1).await?;
+    // A template preflight finds no error in: the plugin mounts the kubelet's
+    // device-plugin directory (SR102 otherwise).
+    let mut template = agent_template(&env, v2);
+    template["spec"]["volumes"] = json!([{"name": "device-plugins",
+        "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]);
+    template["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "device-plugins",
+        "mountPath": "/var/lib/kubelet/device-plugins"}]);
+
+    // One agent stops being Ready (its pod's image is swapped for one the
+    // sim runs but never reports Ready): the DaemonSet is no longer settled.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let sick = wait_all_pods(&env, |ps| ps.len() == 4).await?[0].name_any();
+    let unready = json!({"spec": {"containers": [{"name": "plugin", "image": "registry.example/plugin:v1-unready"}]}});
+    pods.patch(&sick, &PatchParams::default(), &Patch::Strategic(unready))
+        .await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
+    wait_for_object(&daemonsets, "plugin", TIMEOUT, |ds| {
+        ds.and_then(|d| d.status.as_ref())
+            .is_some_and(|s| s.number_ready == s.desired_number_scheduled - 1)
+    })
+    .await?;
+
+    let patch = json!({"spec": {"template": template}});
+    srs(&env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.preflight.as_ref().is_some_and(|p| !p.passed)
+    })
+    .await?;
+    let errors: Vec<&str> = st
+        .preflight
+        .as_ref()
+        .unwrap()
+        .findings
+        .iter()
+        .filter(|f| f.severity == "Error")
+        .map(|f| f.code.as_str())
+        .collect();
+    assert_eq!(errors, ["SR401"], "only the unsettled DaemonSet blocks");
+    assert!(
+        condition(&st, "PreflightPassed").is_some_and(|c| c.status == "False"),
+        "{:?}",
+        st.conditions
+    );
+    let running = pods.list(&Default::default()).await?;
+    assert!(
+        running.items.iter().all(|p| image_of(p) != v2),
+        "nothing replaced while blocked"
+    );
+
+    // Fixed: the sick pod goes, the DaemonSet controller starts a healthy one.
+    pods.delete(&sick, &Default::default()).await?;
+    wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision == st.target_revision
+    })
+    .await?;
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
+    Ok(())
+}
+
 /// The operator's API client speaks HTTP/2 to the real API server (kube's
 /// own client is HTTP/1.1 only): 32 requests in flight at once share one
 /// connection instead of opening one each.

@@ -30,10 +30,65 @@ use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
 
+/// What sent a reconcile request: the label of `saferollout_wakes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The SafeRollout itself changed (spec, status, deletion) or was listed.
+    SafeRollout,
+    /// Its target DaemonSet changed.
+    DaemonSet,
+    /// One of the target's pods changed in what decisions read.
+    AgentPod,
+    /// A ControllerRevision of the target (a template's history) changed.
+    ControllerRevision,
+    /// A node changed in what the rollouts it concerns read.
+    Node,
+    /// One of the rollout's probe pods changed.
+    ProbePod,
+    /// A device gate's object changed (ResourceSlice, claim, workload pod).
+    Device,
+    /// The rollout's node label writes finished.
+    LabelWrites,
+    /// This replica became the leader: every rollout is decided once.
+    Leading,
+}
+
+impl Cause {
+    /// Every cause, in declaration order (its discriminant is its index).
+    const ALL: [Cause; 9] = [
+        Cause::SafeRollout,
+        Cause::DaemonSet,
+        Cause::AgentPod,
+        Cause::ControllerRevision,
+        Cause::Node,
+        Cause::ProbePod,
+        Cause::Device,
+        Cause::LabelWrites,
+        Cause::Leading,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::SafeRollout => "saferollout",
+            Cause::DaemonSet => "daemonset",
+            Cause::AgentPod => "agent_pod",
+            Cause::ControllerRevision => "controllerrevision",
+            Cause::Node => "node",
+            Cause::ProbePod => "probe_pod",
+            Cause::Device => "device",
+            Cause::LabelWrites => "label_writes",
+            Cause::Leading => "leading",
+        }
+    }
+}
+
 /// Where reconcile requests go: the leader's queue, or nowhere on a follower.
 #[derive(Default)]
 pub struct Triggers {
     queue: Mutex<Option<UnboundedSender<ObjectRef<SafeRollout>>>>,
+    /// `saferollout_wakes_total`, one counter per [`Cause`] (in its order),
+    /// taken from the family once so a wake costs one atomic add.
+    wakes: Vec<prometheus_client::metrics::counter::Counter>,
     /// UIDs of the agent pods this replica is deleting: the watch event that
     /// shows such a pod's deletion start wakes nobody, as the pass that
     /// deleted it counts it as going already (its rollout's expectations),
@@ -43,6 +98,24 @@ pub struct Triggers {
 }
 
 impl Triggers {
+    /// Triggers counting their wakes in `metrics`.
+    pub fn new(metrics: &Metrics) -> Self {
+        Triggers {
+            wakes: Cause::ALL
+                .iter()
+                .map(|c| {
+                    metrics
+                        .wakes
+                        .get_or_create(&crate::metrics::CauseLabels {
+                            cause: c.as_str().into(),
+                        })
+                        .clone()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
     fn own_deletions(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.own_deletions.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -67,14 +140,24 @@ impl Triggers {
         self.own_deletions().clear();
     }
 
-    pub fn send(&self, r: ObjectRef<SafeRollout>) {
+    /// Queues a reconcile of `r` on the leader (a follower drops it).
+    pub fn send(&self, r: ObjectRef<SafeRollout>, cause: Cause) {
         if let Some(tx) = self
             .queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
+            && tx.send(r).is_ok()
         {
-            let _ = tx.send(r);
+            self.count(cause);
+        }
+    }
+
+    /// Counts one wake sent for `cause`.
+    pub fn count(&self, cause: Cause) {
+        // `ALL` lists the causes in declaration order.
+        if let Some(c) = self.wakes.get(cause as usize) {
+            c.inc();
         }
     }
 
@@ -480,13 +563,14 @@ pub fn start(
     }
     for (ns, w) in writers.daemonsets {
         let r = route.clone();
+        let mut fingerprints: HashMap<String, DaemonSetMemo> = HashMap::new();
         reflect(
             api(client, ns),
             watch_config(),
             w,
             metrics,
             |d: &mut DaemonSet| prune::meta(&mut d.metadata),
-            move |ev| r.daemonset_event(ev),
+            move |ev| r.daemonset_event(ev, &mut fingerprints),
         );
     }
     for (ns, w) in writers.pods {
@@ -647,22 +731,22 @@ struct Router {
 
 impl Router {
     /// SafeRollouts of `namespace` targeting DaemonSet `name`.
-    fn targeting(&self, namespace: Option<&str>, name: &str) {
+    fn targeting(&self, namespace: Option<&str>, name: &str, cause: Cause) {
         let Some(ns) = namespace else { return };
         for sr in self.caches.rollouts_in(ns) {
             if sr.spec.target_ref.name == name {
-                self.triggers.send(ObjectRef::from_obj(&*sr));
+                self.triggers.send(ObjectRef::from_obj(&*sr), cause);
             }
         }
     }
 
-    fn all_in(&self, namespace: Option<&str>) {
+    fn all_in(&self, namespace: Option<&str>, cause: Cause) {
         let rollouts = match namespace {
             Some(ns) => self.caches.rollouts_in(ns),
             None => self.caches.every_rollout(),
         };
         for sr in rollouts {
-            self.triggers.send(ObjectRef::from_obj(&*sr));
+            self.triggers.send(ObjectRef::from_obj(&*sr), cause);
         }
     }
 
@@ -677,9 +761,14 @@ impl Router {
                     m.apply_watcher_event(ev);
                 }
                 drop(merged);
-                self.triggers.send(ObjectRef::from_obj(sr));
+                self.triggers
+                    .send(ObjectRef::from_obj(sr), Cause::SafeRollout);
                 // A deleted owner frees its DaemonSet for a waiting SafeRollout.
-                self.targeting(sr.namespace().as_deref(), &sr.spec.target_ref.name);
+                self.targeting(
+                    sr.namespace().as_deref(),
+                    &sr.spec.target_ref.name,
+                    Cause::SafeRollout,
+                );
             }
             Event::InitDone => {
                 // A namespace (re)listed: rebuild the merged store from every one.
@@ -691,18 +780,57 @@ impl Router {
                     m.apply_watcher_event(&Event::InitDone);
                 }
                 drop(merged);
-                self.all_in(None);
+                self.all_in(None, Cause::SafeRollout);
             }
             Event::Init | Event::InitApply(_) => {}
         }
     }
 
-    fn daemonset_event(&self, ev: &Event<DaemonSet>) {
+    /// The DaemonSet controller writes its DaemonSet's status counts with
+    /// almost every pod change (at `maxUnavailable: 1` on 1,000 nodes, 2.4
+    /// writes per replacement): only a change of what decisions read wakes
+    /// the SafeRollouts targeting it, as for agent pods. Whether its pods are
+    /// settled is read by preflight alone, and it flips twice with every
+    /// replacement: it wakes only a SafeRollout that preflight blocked.
+    fn daemonset_event(
+        &self,
+        ev: &Event<DaemonSet>,
+        fingerprints: &mut HashMap<String, DaemonSetMemo>,
+    ) {
+        let wake = |ds: &DaemonSet| {
+            self.targeting(ds.namespace().as_deref(), &ds.name_any(), Cause::DaemonSet)
+        };
         match ev {
-            Event::Apply(ds) | Event::Delete(ds) | Event::InitApply(ds) => {
-                self.targeting(ds.namespace().as_deref(), &ds.name_any())
+            Event::Apply(ds) => {
+                let now = DaemonSetMemo::of(ds);
+                match fingerprints
+                    .insert(daemonset_key(ds), now)
+                    .map(|b| now.wakes(&b))
+                {
+                    None | Some(DaemonSetWake::Every) => wake(ds),
+                    Some(DaemonSetWake::BlockedByPreflight) => {
+                        let Some(ns) = ds.namespace() else { return };
+                        for sr in self.caches.rollouts_in(&ns) {
+                            if sr.spec.target_ref.name == ds.name_any() && blocked_by_preflight(&sr)
+                            {
+                                self.triggers
+                                    .send(ObjectRef::from_obj(&*sr), Cause::DaemonSet);
+                            }
+                        }
+                    }
+                    Some(DaemonSetWake::Nobody) => {}
+                }
             }
-            Event::Init | Event::InitDone => {}
+            Event::Delete(ds) => {
+                fingerprints.remove(&daemonset_key(ds));
+                wake(ds);
+            }
+            Event::InitApply(ds) => {
+                fingerprints.insert(daemonset_key(ds), DaemonSetMemo::of(ds));
+                wake(ds);
+            }
+            Event::Init => fingerprints.clear(),
+            Event::InitDone => {}
         }
     }
 
@@ -713,7 +841,7 @@ impl Router {
     fn pod_event(&self, ev: &Event<SlimPod>, fingerprints: &mut HashMap<String, u64>) {
         let wake = |p: &SlimPod| {
             if let Some(owner) = p.owner_references().iter().find(|o| o.kind == "DaemonSet") {
-                self.targeting(p.namespace().as_deref(), &owner.name);
+                self.targeting(p.namespace().as_deref(), &owner.name, Cause::AgentPod);
             }
         };
         match ev {
@@ -730,11 +858,13 @@ impl Router {
                 }
             }
             Event::Delete(p) => {
-                fingerprints.remove(&pod_key(p));
+                let before = fingerprints.remove(&pod_key(p));
                 if let Some(uid) = p.metadata.uid.as_deref() {
                     self.triggers.not_deleting(uid);
                 }
-                wake(p);
+                if removal_wakes(before, self.node_is_ready(p)) {
+                    wake(p);
+                }
             }
             Event::InitApply(p) => {
                 fingerprints.insert(pod_key(p), pod_fingerprint(p));
@@ -743,8 +873,17 @@ impl Router {
                 fingerprints.clear();
                 self.triggers.forget_own_deletions();
             }
-            Event::InitDone => self.all_in(None),
+            Event::InitDone => self.all_in(None, Cause::AgentPod),
         }
+    }
+
+    /// Whether the node of pod `p` is Ready in the cache (false when unknown).
+    fn node_is_ready(&self, p: &SlimPod) -> bool {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| self.caches.nodes.get(&ObjectRef::new(n)))
+            .is_some_and(|n| saferollout_core::views::NodeView::of(&n).ready)
     }
 
     /// A probe pod changed: its owner judges it.
@@ -757,10 +896,11 @@ impl Router {
                         .iter()
                         .find(|o| o.kind == "SafeRollout"),
                 ) {
-                    self.triggers.send(ObjectRef::new(&owner.name).within(&ns));
+                    self.triggers
+                        .send(ObjectRef::new(&owner.name).within(&ns), Cause::ProbePod);
                 }
             }
-            Event::InitDone => self.all_in(None),
+            Event::InitDone => self.all_in(None, Cause::ProbePod),
             Event::Init | Event::InitApply(_) => {}
         }
     }
@@ -776,18 +916,23 @@ impl Router {
                 let ns = cr.namespace();
                 for owner in cr.owner_references() {
                     match owner.kind.as_str() {
-                        "DaemonSet" => self.targeting(ns.as_deref(), &owner.name),
+                        "DaemonSet" => {
+                            self.targeting(ns.as_deref(), &owner.name, Cause::ControllerRevision)
+                        }
                         // Our own backup.
                         "SafeRollout" => {
                             if let Some(ns) = &ns {
-                                self.triggers.send(ObjectRef::new(&owner.name).within(ns));
+                                self.triggers.send(
+                                    ObjectRef::new(&owner.name).within(ns),
+                                    Cause::ControllerRevision,
+                                );
                             }
                         }
                         _ => {}
                     }
                 }
             }
-            Event::InitDone => self.all_in(None),
+            Event::InitDone => self.all_in(None, Cause::ControllerRevision),
             Event::Init | Event::InitApply(_) => {}
         }
     }
@@ -808,19 +953,19 @@ impl Router {
                 let before = memos.insert(n.name_any(), now.clone());
                 match now.wakes(before.as_ref()) {
                     Wake::Nobody => {}
-                    Wake::Every => self.all_in(None),
+                    Wake::Every => self.all_in(None, Cause::Node),
                     Wake::Concerned => self.concerned_by(n, &now, before.as_ref()),
                 }
             }
             Event::Delete(n) => {
                 memos.remove(&n.name_any());
-                self.all_in(None);
+                self.all_in(None, Cause::Node);
             }
             Event::InitApply(n) => {
                 memos.insert(n.name_any(), NodeMemo::of(n));
             }
             Event::Init => memos.clear(),
-            Event::InitDone => self.all_in(None),
+            Event::InitDone => self.all_in(None, Cause::Node),
         }
     }
 
@@ -846,7 +991,7 @@ impl Router {
                 holders.contains(&id.as_str())
             };
             if holds || may_run_on(&sr, self.caches.target_daemonset(&sr).as_deref(), labels) {
-                self.triggers.send(ObjectRef::from_obj(&*sr));
+                self.triggers.send(ObjectRef::from_obj(&*sr), Cause::Node);
             }
         }
     }
@@ -991,6 +1136,100 @@ fn pod_change_wakes(before: Option<u64>, now: u64, own_deletion: bool) -> bool {
     }
 }
 
+/// A DaemonSet by namespace and name (its UID is in its fingerprint).
+fn daemonset_key(ds: &DaemonSet) -> String {
+    format!("{}/{}", ds.namespace().unwrap_or_default(), ds.name_any())
+}
+
+/// Whether preflight holds `sr`'s rollout back: it enforces, and its last
+/// run found an error (one that may be the DaemonSet's unsettled pods).
+/// Under `Warn` errors do not block, and preflight does not run again once
+/// the rollout started.
+fn blocked_by_preflight(sr: &SafeRollout) -> bool {
+    let enforced = sr
+        .spec
+        .preflight
+        .as_ref()
+        .map(|p| p.policy)
+        .unwrap_or_default()
+        == saferollout_api::PreflightPolicy::Enforce;
+    enforced
+        && sr
+            .status
+            .as_ref()
+            .and_then(|s| s.preflight.as_ref())
+            .is_some_and(|p| !p.passed)
+}
+
+/// What the DaemonSet router remembers of a DaemonSet: what decisions read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DaemonSetMemo {
+    /// Identity, labels, annotations and owners, deletion, the spec (through
+    /// `metadata.generation`, which every spec change moves) and
+    /// `status.observedGeneration`. Not the status counts, which move with
+    /// every pod change.
+    read: u64,
+    /// Whether its pods are settled (`saferollout_core::preflight::is_settled`),
+    /// which only preflight reads.
+    settled: Option<bool>,
+}
+
+/// Whom a DaemonSet change wakes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DaemonSetWake {
+    Nobody,
+    /// Only settled changed: the SafeRollouts preflight blocked (it may pass now).
+    BlockedByPreflight,
+    /// Every SafeRollout targeting it.
+    Every,
+}
+
+impl DaemonSetMemo {
+    pub(crate) fn of(ds: &DaemonSet) -> Self {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let m = &ds.metadata;
+        (&m.uid, m.generation, &m.labels, &m.annotations).hash(&mut h);
+        m.deletion_timestamp.is_some().hash(&mut h);
+        for o in m.owner_references.iter().flatten() {
+            (&o.kind, &o.name, &o.uid).hash(&mut h);
+        }
+        ds.status
+            .as_ref()
+            .map(|s| s.observed_generation)
+            .hash(&mut h);
+        DaemonSetMemo {
+            read: h.finish(),
+            settled: ds
+                .status
+                .as_ref()
+                .map(saferollout_core::preflight::is_settled),
+        }
+    }
+
+    pub(crate) fn wakes(&self, before: &DaemonSetMemo) -> DaemonSetWake {
+        if self.read != before.read {
+            DaemonSetWake::Every
+        } else if self.settled != before.settled {
+            DaemonSetWake::BlockedByPreflight
+        } else {
+            DaemonSetWake::Nobody
+        }
+    }
+}
+
+/// Whether an agent pod's removal from the cluster wakes its rollouts, given
+/// its fingerprint as last seen (`None`: never seen) and whether its node is
+/// Ready. Not when it was last seen terminating on a Ready node: decisions
+/// already leave a terminating pod out, so its removal changes nothing they
+/// read (the DaemonSet controller's replacement pod wakes them once bound).
+/// On a node that is not Ready, a terminating pod's deletion time decides
+/// whether the node holds a slot of the budget, so its removal may free one.
+/// At `maxUnavailable: 1` on 1,000 nodes, one pass in five of a replacement.
+fn removal_wakes(before: Option<u64>, node_ready: bool) -> bool {
+    before != Some(TERMINATING) || !node_ready
+}
+
 /// A pod by UID (a pod recreated under the same name is another pod).
 fn pod_key(p: &SlimPod) -> String {
     p.metadata
@@ -1001,33 +1240,35 @@ fn pod_key(p: &SlimPod) -> String {
 
 /// The fingerprint of every pod not bound to a node yet.
 const UNSCHEDULED: u64 = 0;
+/// The fingerprint of every pod being deleted, bound to a node: decisions
+/// read no more of it than that and its timestamps, which do not change.
+const TERMINATING: u64 = 1;
 
 /// What of an agent pod decisions read: identity, labels and owner, node,
 /// deletion, phase, readiness and the containers' states (the pod views of
 /// `saferollout_core::views::AgentPod`, and the start times the logs gate
 /// reads). Not its resourceVersion, nor timestamps only kubelets look at,
-/// nor the status of a pod being deleted: every decision leaves such a pod
-/// out but for its creation and deletion times (the kubelet's last status
-/// writes of a terminating pod woke a pass each).
+/// nor anything of a pod being deleted ([`TERMINATING`]): every decision
+/// leaves such a pod out but for its creation and deletion times, which do
+/// not change (the kubelet's last status writes of a terminating pod woke a
+/// pass each).
 fn pod_fingerprint(p: &SlimPod) -> u64 {
     use std::hash::Hasher;
     let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) else {
         return UNSCHEDULED;
     };
+    if p.metadata.deletion_timestamp.is_some() {
+        return TERMINATING;
+    }
     let mut h = std::collections::hash_map::DefaultHasher::new();
     node.hash(&mut h);
     p.metadata.name.hash(&mut h);
     p.metadata.uid.hash(&mut h);
     p.metadata.labels.hash(&mut h);
-    p.metadata.deletion_timestamp.is_some().hash(&mut h);
     for o in p.metadata.owner_references.iter().flatten() {
         (&o.kind, &o.name, &o.uid).hash(&mut h);
     }
-    if let Some(st) = p
-        .status
-        .as_ref()
-        .filter(|_| p.metadata.deletion_timestamp.is_none())
-    {
+    if let Some(st) = p.status.as_ref() {
         st.phase.hash(&mut h);
         st.start_time.as_ref().map(|t| t.0).hash(&mut h);
         for c in st.conditions.iter().flatten() {
@@ -1049,8 +1290,8 @@ fn pod_fingerprint(p: &SlimPod) -> u64 {
                 .hash(&mut h);
         }
     }
-    // Never collides with the unscheduled marker.
-    h.finish().max(UNSCHEDULED + 1)
+    // Never collides with the unscheduled and terminating markers.
+    h.finish().max(TERMINATING + 1)
 }
 
 /// What of a node decisions read: labels, taints, readiness, allocatable.
@@ -1182,6 +1423,82 @@ mod tests {
             pod_fingerprint(&terminated),
             "a terminating pod's status is in no decision"
         );
+        assert_eq!(deleting_fp, TERMINATING);
+    }
+
+    #[test]
+    fn a_pod_removal_wakes_unless_it_was_terminating_on_a_ready_node() {
+        assert!(!removal_wakes(Some(TERMINATING), true), "seen terminating");
+        assert!(
+            removal_wakes(Some(TERMINATING), false),
+            "its node is not Ready: the removal may free a slot"
+        );
+        assert!(
+            removal_wakes(Some(42), true),
+            "gone at once, never seen terminating"
+        );
+        assert!(removal_wakes(None, true), "never seen");
+    }
+
+    #[test]
+    fn only_an_enforced_failed_preflight_blocks() {
+        let sr = |policy: Option<&str>, passed: Option<bool>| -> SafeRollout {
+            let mut v = json!({
+                "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
+                "metadata": {"name": "sr", "namespace": "ns"},
+                "spec": {"targetRef": {"name": "plugin"}}
+            });
+            if let Some(p) = policy {
+                v["spec"]["preflight"] = json!({"policy": p});
+            }
+            if let Some(passed) = passed {
+                v["status"] = json!({"preflight": {"revision": "r2", "passed": passed, "errors": 1, "warnings": 0}});
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        assert!(blocked_by_preflight(&sr(Some("Enforce"), Some(false))));
+        assert!(!blocked_by_preflight(&sr(Some("Enforce"), Some(true))));
+        assert!(!blocked_by_preflight(&sr(Some("Enforce"), None)));
+        assert!(!blocked_by_preflight(&sr(Some("Warn"), Some(false))));
+        assert!(
+            !blocked_by_preflight(&sr(None, Some(false))),
+            "Warn by default"
+        );
+    }
+
+    #[test]
+    fn a_daemonset_change_wakes_only_for_what_decisions_read() {
+        let ds = |generation: i64, observed: i64, ready: i32, annotation: &str| -> DaemonSet {
+            serde_json::from_value(json!({
+                "metadata": {"name": "plugin", "namespace": "ns", "uid": "u",
+                    "generation": generation, "annotations": {"a": annotation}},
+                "spec": {"selector": {}, "template": {}},
+                "status": {"observedGeneration": observed, "desiredNumberScheduled": 3,
+                    "currentNumberScheduled": 3, "numberReady": ready, "numberAvailable": ready,
+                    "numberMisscheduled": 0, "updatedNumberScheduled": ready}
+            }))
+            .unwrap()
+        };
+        let settled = DaemonSetMemo::of(&ds(2, 2, 3, "x"));
+        let unsettled = DaemonSetMemo::of(&ds(2, 2, 2, "x"));
+        assert_eq!(
+            DaemonSetMemo::of(&ds(2, 2, 1, "x")).wakes(&unsettled),
+            DaemonSetWake::Nobody,
+            "status counts alone"
+        );
+        assert_eq!(
+            settled.wakes(&unsettled),
+            DaemonSetWake::BlockedByPreflight,
+            "settled again: preflight may pass now"
+        );
+        assert_eq!(unsettled.wakes(&settled), DaemonSetWake::BlockedByPreflight);
+        for changed in [ds(3, 2, 3, "x"), ds(2, 1, 3, "x"), ds(2, 2, 3, "y")] {
+            assert_eq!(
+                DaemonSetMemo::of(&changed).wakes(&settled),
+                DaemonSetWake::Every,
+                "spec (generation), observedGeneration or annotations"
+            );
+        }
     }
 
     #[test]
@@ -1202,6 +1519,38 @@ mod tests {
             pod_change_wakes(None, 8, true),
             "a pod first seen while being deleted is news"
         );
+    }
+
+    #[test]
+    fn wakes_are_counted_by_cause_on_the_leader_only() {
+        let metrics = Metrics::default();
+        let t = Triggers::new(&metrics);
+        let r = || ObjectRef::<SafeRollout>::new("sr").within("ns");
+        t.send(r(), Cause::AgentPod);
+        let count = |cause: &str| {
+            metrics
+                .encode()
+                .lines()
+                .find(|l| l.starts_with(&format!("saferollout_wakes_total{{cause=\"{cause}\"}}")))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        };
+        assert_eq!(count("agent_pod"), Some(0), "a follower queues nothing");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        t.attach(Some(tx));
+        t.send(r(), Cause::AgentPod);
+        t.send(r(), Cause::AgentPod);
+        t.send(r(), Cause::DaemonSet);
+        assert_eq!(count("agent_pod"), Some(2));
+        assert_eq!(count("daemonset"), Some(1));
+        assert_eq!(count("node"), Some(0));
+        for (i, c) in Cause::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "ALL is in declaration order");
+        }
+        let mut queued = 0;
+        while rx.try_recv().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, 3);
     }
 
     #[test]

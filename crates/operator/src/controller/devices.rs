@@ -41,7 +41,7 @@ use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use super::RolloutKey;
-use super::caches::{Caches, Triggers};
+use super::caches::{Caches, Cause, Triggers};
 use crate::metrics::Metrics;
 
 /// Above this many held nodes (the default of `--per-node-pod-watches`),
@@ -316,7 +316,7 @@ pub fn spawn(
         |caches: &Arc<Caches>, triggers: &Arc<Triggers>, pick: &dyn Fn(&SafeRollout) -> bool| {
             for sr in caches.every_rollout() {
                 if pick(&sr) {
-                    triggers.send(ObjectRef::from_obj(&*sr));
+                    triggers.send(ObjectRef::from_obj(&*sr), Cause::Device);
                 }
             }
         };
@@ -723,7 +723,8 @@ impl NodePods {
                 }
                 for (key, nodes) in &inner.wants {
                     if nodes.iter().any(|n| touched.contains(n)) {
-                        self.triggers.send(ObjectRef::new(&key.1).within(&key.0));
+                        self.triggers
+                            .send(ObjectRef::new(&key.1).within(&key.0), Cause::Device);
                     }
                 }
             }

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::caches::Triggers;
+use super::caches::{Cause, Triggers};
 use super::{Memories, RolloutKey, with_memory, writes};
 use crate::leader::Fence;
 
@@ -200,5 +200,7 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
     // their writes were recorded here (that pass still saw them queued and
     // waited), and a failed write is decided again only by a pass. No event
     // of the cluster may come to wake it.
-    shared.triggers.send(ObjectRef::new(&key.1).within(&key.0));
+    shared
+        .triggers
+        .send(ObjectRef::new(&key.1).within(&key.0), Cause::LabelWrites);
 }

@@ -43,7 +43,7 @@ use tracing::{info, warn};
 
 use crate::leader::Fence;
 use crate::metrics::Metrics;
-use caches::{Caches, Triggers};
+use caches::{Caches, Cause, Triggers};
 pub use error::{Error, Result};
 use snapshot::{Extras, backup_name};
 
@@ -627,7 +627,7 @@ pub async fn start(
     options: Options,
 ) -> anyhow::Result<Started> {
     wait_for_api(&client, &options.namespaces).await?;
-    let triggers = Arc::new(Triggers::default());
+    let triggers = Arc::new(Triggers::new(&metrics));
     let mut device_apis = devices::discover(&client, options.device_gates).await;
     device_apis.per_node_watches = options.per_node_pod_watches;
     let caches = caches::start(
@@ -693,7 +693,9 @@ pub async fn run(
         info!("leading: reconciling");
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         for sr in caches.every_rollout() {
-            let _ = tx.send(ObjectRef::from_obj(&*sr));
+            if tx.send(ObjectRef::from_obj(&*sr)).is_ok() {
+                triggers.count(Cause::Leading);
+            }
         }
         triggers.attach(Some(tx));
         let queue = futures::stream::unfold(rx, |mut rx| async move {
