@@ -732,9 +732,20 @@ struct Router {
 impl Router {
     /// SafeRollouts of `namespace` targeting DaemonSet `name`.
     fn targeting(&self, namespace: Option<&str>, name: &str, cause: Cause) {
+        self.targeting_where(namespace, name, cause, |_| true)
+    }
+
+    /// Those of them `pick` selects.
+    fn targeting_where(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        cause: Cause,
+        pick: impl Fn(&SafeRollout) -> bool,
+    ) {
         let Some(ns) = namespace else { return };
         for sr in self.caches.rollouts_in(ns) {
-            if sr.spec.target_ref.name == name {
+            if sr.spec.target_ref.name == name && pick(&sr) {
                 self.triggers.send(ObjectRef::from_obj(&*sr), cause);
             }
         }
@@ -808,16 +819,12 @@ impl Router {
                     .map(|b| now.wakes(&b))
                 {
                     None | Some(DaemonSetWake::Every) => wake(ds),
-                    Some(DaemonSetWake::BlockedByPreflight) => {
-                        let Some(ns) = ds.namespace() else { return };
-                        for sr in self.caches.rollouts_in(&ns) {
-                            if sr.spec.target_ref.name == ds.name_any() && blocked_by_preflight(&sr)
-                            {
-                                self.triggers
-                                    .send(ObjectRef::from_obj(&*sr), Cause::DaemonSet);
-                            }
-                        }
-                    }
+                    Some(DaemonSetWake::BlockedByPreflight) => self.targeting_where(
+                        ds.namespace().as_deref(),
+                        &ds.name_any(),
+                        Cause::DaemonSet,
+                        blocked_by_preflight,
+                    ),
                     Some(DaemonSetWake::Nobody) => {}
                 }
             }
