@@ -7,9 +7,11 @@
 //! the stage got (the progress count and time) and the gates' messages. A
 //! restart that lost such a write re-derives it on its next pass (a lost
 //! progress time only brings the deadline nearer; a lost soak start restarts
-//! the soak), so that write may go alongside the deletions instead of before
-//! them, and the stage's serial replacements do not wait for one status round
-//! trip each.
+//! the soak), so that write may go behind the deletions instead of before
+//! them: the operator sends it in a task of its own and neither the pass nor
+//! the next one waits for its round trip, so the stage's serial replacements
+//! do not wait for one status round trip each (writes of one rollout still
+//! land in order: each waits for the one before).
 
 use std::time::Duration;
 
@@ -29,7 +31,8 @@ pub const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 /// When a pass's status goes to the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusWrite {
-    /// Before (or alongside, see [`status_may_trail`]) the pass's actions.
+    /// In this pass: before its actions, or behind them (see
+    /// [`status_may_go_behind`]).
     Now,
     /// Not in this pass: only progress and messages changed and the last
     /// write is recent. The pass runs again after this long and writes then
@@ -40,8 +43,8 @@ pub enum StatusWrite {
 
 /// Whether the status of a pass is written now or with a later pass.
 ///
-/// Deferred are only changes of what [`status_may_trail`] already lets trail
-/// the actions, narrowed further: progress counts and times, messages (the
+/// Deferred are only changes of what [`status_may_go_behind`] already lets go
+/// behind the actions, narrowed further: progress counts and times, messages (the
 /// status's, the conditions', the gates'), and what a gate that stays
 /// `Pending` observes (which node it waits on or sees out of bounds, and
 /// since when), with no action but pod deletions and Events. A gate passing
@@ -81,19 +84,22 @@ pub fn when_to_write(
     }
 }
 
-/// True when the pass's actions may run alongside its status write: they are
-/// pod deletions (and Events) of a stage whose plan `old` already records.
-pub fn status_may_trail(
+/// True when the pass need not wait for its status write at all: its actions
+/// (none, or pod deletions and Events) act on a plan `old` already records,
+/// and `new` differs from `old` only in progress, messages and the gates'
+/// verdicts (a stage's state, times and nodes, the phase, the revisions and
+/// the conditions' states are compared). Nothing the pass does depends on
+/// the write landing; the next pass may decide from `old` (it derives the
+/// same plan, and the progress again), and a later write is sent only after
+/// this one, so an older status never overwrites a newer one.
+pub fn status_may_go_behind(
     old: &SafeRolloutStatus,
     new: &SafeRolloutStatus,
     actions: &[Action],
 ) -> bool {
     let deletes_only = actions
         .iter()
-        .all(|a| matches!(a, Action::DeletePods { .. } | Action::Event { .. }))
-        && actions
-            .iter()
-            .any(|a| matches!(a, Action::DeletePods { .. }));
+        .all(|a| matches!(a, Action::DeletePods { .. } | Action::Event { .. }));
     deletes_only && same_but_progress(old, new, Gates::Ignored)
 }
 
@@ -409,16 +415,20 @@ mod tests {
     fn the_next_deletions_of_a_written_plan_need_not_wait() {
         let old = stage(&["a", "b", "c"], 1, 0);
         let new = stage(&["a", "b", "c"], 2, 5);
-        assert!(status_may_trail(&old, &new, &[delete()]));
+        assert!(status_may_go_behind(&old, &new, &[delete()]));
         let event = Action::Event {
             warning: false,
             reason: "r".into(),
             message: "m".into(),
         };
-        assert!(status_may_trail(&old, &new, &[delete(), event.clone()]));
+        assert!(status_may_go_behind(&old, &new, &[delete(), event.clone()]));
         assert!(
-            !status_may_trail(&old, &new, &[event]),
-            "nothing to overlap without deletions"
+            status_may_go_behind(&old, &new, &[event]),
+            "a pass with only Events acts on nothing the write protects"
+        );
+        assert!(
+            status_may_go_behind(&old, &new, &[]),
+            "a pass that only writes progress need not wait for it"
         );
     }
 
@@ -520,20 +530,24 @@ mod tests {
         let old = stage(&["a", "b"], 1, 0);
         let grown = stage(&["a", "b", "c"], 1, 0);
         assert!(
-            !status_may_trail(&old, &grown, &[delete()]),
+            !status_may_go_behind(&old, &grown, &[delete()]),
             "new stage nodes"
         );
         let mut degraded = old.clone();
         degraded.phase = Some(saferollout_api::Phase::RollingBack);
-        assert!(!status_may_trail(&old, &degraded, &[delete()]));
+        assert!(!status_may_go_behind(&old, &degraded, &[delete()]));
         let mut baseline = old.clone();
         baseline.stages[0].baseline.insert(
             "c".into(),
             [("example.com/gpu".to_string(), 8)].into_iter().collect(),
         );
-        assert!(!status_may_trail(&old, &baseline, &[delete()]));
-        assert!(!status_may_trail(&old, &old, &[Action::RestoreLastGood]));
-        assert!(!status_may_trail(
+        assert!(!status_may_go_behind(&old, &baseline, &[delete()]));
+        assert!(!status_may_go_behind(
+            &old,
+            &old,
+            &[Action::RestoreLastGood]
+        ));
+        assert!(!status_may_go_behind(
             &old,
             &old,
             &[

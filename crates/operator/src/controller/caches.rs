@@ -51,11 +51,14 @@ pub enum Cause {
     LabelWrites,
     /// This replica became the leader: every rollout is decided once.
     Leading,
+    /// A status write that went behind its pass failed: the next pass
+    /// writes the status again.
+    StatusRetry,
 }
 
 impl Cause {
     /// Every cause, in declaration order (its discriminant is its index).
-    const ALL: [Cause; 9] = [
+    const ALL: [Cause; 10] = [
         Cause::SafeRollout,
         Cause::DaemonSet,
         Cause::AgentPod,
@@ -65,6 +68,7 @@ impl Cause {
         Cause::Device,
         Cause::LabelWrites,
         Cause::Leading,
+        Cause::StatusRetry,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +82,7 @@ impl Cause {
             Cause::Device => "device",
             Cause::LabelWrites => "label_writes",
             Cause::Leading => "leading",
+            Cause::StatusRetry => "status_retry",
         }
     }
 }

@@ -71,6 +71,9 @@ pub struct RolloutMemory {
     pub finalizer_added_to: Option<(String, String)>,
     /// The writer of this rollout's node labels (see [`labels`]).
     pub labels: Option<labels::Writer>,
+    /// The status write a pass left in flight behind it
+    /// ([`writes::status_behind`]); the next write waits for it.
+    pub status_behind: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Every SafeRollout's memory, shared with their label writers.
@@ -270,7 +273,7 @@ async fn spec_template_state(
     }
 }
 
-async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requeue> {
+async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result<Requeue> {
     // No decision on a partial picture (after a restart every cache lists first).
     if !ctx.caches.is_synced() {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
@@ -332,9 +335,9 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
     }
 
     // Status first: the plan and baselines are durable before any node is
-    // touched. A pass that only deletes the next pods of a written plan writes
-    // its status (progress, gate messages) alongside the deletions instead
-    // (see saferollout_core::durability).
+    // touched. A pass that only deletes the next pods of a written plan (or
+    // acts on nothing) sends its status (progress, gate messages) behind its
+    // deletions instead (see saferollout_core::durability).
     // The workload pods of the nodes this rollout now holds, for its device gates.
     ctx.caches
         .devices
@@ -350,15 +353,6 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
             }
             _ => None,
         };
-    let trails =
-        sr.status.is_some() && durability::status_may_trail(status, &new_status, &decision.actions);
-    // A deferred write is the status as last written: nothing to send.
-    let to_write = if deferred.is_some() {
-        std::borrow::Cow::Borrowed(status)
-    } else {
-        std::borrow::Cow::Owned(new_status.clone())
-    };
-    let status_write = writes::status(sr, ctx, key, status, &to_write);
     let record = |new_status: &SafeRolloutStatus| {
         let changes = transitions::between(status, new_status);
         ctx.metrics.record_transitions(&key.0, &key.1, &changes);
@@ -374,12 +368,23 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         );
         changes
     };
-    let mut trailing = None;
-    let changes = if trails {
-        trailing = Some(status_write);
-        transitions::between(status, &new_status)
+    // A status that may go behind its pass is sent in a task of its own:
+    // neither this pass's deletions nor the next pass wait for its round trip.
+    let behind = sr.status.is_some()
+        && deferred.is_none()
+        && *status != new_status
+        && durability::status_may_go_behind(status, &new_status, &decision.actions);
+    let changes = if behind {
+        writes::status_behind(ctx, key, sr, new_status.clone());
+        record(&new_status)
     } else {
-        status_write.await?;
+        // A deferred write is the status as last written: nothing to send.
+        let to_write = if deferred.is_some() {
+            status
+        } else {
+            &new_status
+        };
+        writes::status(sr, ctx, key, status, to_write).await?;
         record(&new_status)
     };
 
@@ -433,15 +438,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         }
         Ok::<_, Error>(None)
     };
-    let outcome = match trailing {
-        Some(status_write) => {
-            let (written, outcome) = tokio::join!(status_write, acting);
-            written?;
-            record(&to_write);
-            outcome
-        }
-        None => acting.await,
-    };
+    let outcome = acting.await;
     let acted = pass_started.elapsed();
     for action in events {
         // Never fails but for a closed fence, which the next pass reports.
@@ -455,7 +452,7 @@ async fn apply(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requ
         write_and_act_ms = (acted - decided).as_secs_f64() * 1e3,
         events_ms = (pass_started.elapsed() - acted).as_secs_f64() * 1e3,
         actions = decision.actions.len(),
-        trailing = trails,
+        behind,
         "pass"
     );
     if let Some(requeue) = outcome? {
