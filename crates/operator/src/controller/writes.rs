@@ -175,22 +175,34 @@ pub fn status_behind(
             if let Some(previous) = previous {
                 let _ = previous.await;
             }
-            if let Err(error) = send_status(&ctx, &key, &new, Remember::Nothing).await {
-                if !matches!(error, Error::NotLeader) {
-                    warn!(namespace = %key.0, name = %key.1, %error, "status write failed: writing it again");
-                }
-                ctx.metrics
-                    .reconcile_errors
-                    .get_or_create(&crate::metrics::ErrorLabels {
-                        error: error.metric_label(),
-                    })
-                    .inc();
-                ctx.memory(&key, |m| m.status_written_at = None);
-                ctx.triggers.send(rollout, Cause::StatusRetry);
+            match send_status(&ctx, &key, &new, Remember::Nothing).await {
+                Ok(_) => {}
+                // The SafeRollout is gone: nothing to write again.
+                Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => {}
+                Err(error) => status_behind_failed(&ctx, &key, rollout, error),
             }
         })
     };
     ctx.memory(&key, |m| m.status_behind = Some(task));
+}
+
+fn status_behind_failed(
+    ctx: &Context,
+    key: &RolloutKey,
+    rollout: ObjectRef<SafeRollout>,
+    error: Error,
+) {
+    if !matches!(error, Error::NotLeader) {
+        warn!(namespace = %key.0, name = %key.1, %error, "status write failed: writing it again");
+    }
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            error: error.metric_label(),
+        })
+        .inc();
+    ctx.memory(key, |m| m.status_written_at = None);
+    ctx.triggers.send(rollout, Cause::StatusRetry);
 }
 
 /// What a status write leaves in the rollout's memory.
