@@ -24,9 +24,17 @@ pub struct Cluster {
 impl Cluster {
     /// Starts a cluster of `nodes` nodes in `state_dir` (up is idempotent: a
     /// running cluster there is reused as it is).
-    pub fn up(nodes: usize, gpus: usize, state_dir: &Path) -> anyhow::Result<Self> {
+    pub fn up(
+        nodes: usize,
+        gpus: usize,
+        state_dir: &Path,
+        audit_policy: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let up = repo_root().join("tests/cluster/up");
-        let policy = repo_root().join("bench/audit-policy.yaml");
+        let policy = audit_policy.map_or_else(
+            || repo_root().join("bench/audit-policy.yaml"),
+            Path::to_path_buf,
+        );
         let out = Command::new(&up)
             .args(["--nodes", &nodes.to_string()])
             .args(["--gpus-per-node", &gpus.to_string()])

@@ -74,6 +74,12 @@ struct Args {
         default_value = "native:1,saferollout:1:100%,saferollout:10%:100%,native:10%,saferollout:10%:1/10%/50%/100%"
     )]
     overhead_runs: Vec<String>,
+    /// The API server's audit policy. The default logs only the operator's
+    /// requests; bench/audit-policy-pod-writes.yaml also logs every
+    /// component's pod and node writes, for bench/tools/replacement-chain.py
+    /// (it costs the API server a little, on both sides of a comparison).
+    #[arg(long)]
+    audit_policy: Option<PathBuf>,
     /// The operator binary (bench/run passes the release build).
     #[arg(long, env = "SAFEROLLOUT_BENCH_OPERATOR")]
     operator_bin: PathBuf,
@@ -221,7 +227,12 @@ async fn run_size(
         state.display()
     );
     let t = Timestamp::now();
-    let cluster = Cluster::up(nodes, k8s::GPUS as usize, &state)?;
+    let cluster = Cluster::up(
+        nodes,
+        k8s::GPUS as usize,
+        &state,
+        args.audit_policy.as_deref(),
+    )?;
     size.cluster_up_secs = secs(t, Timestamp::now());
     let result = async {
         let client = client_for(&cluster.kubeconfig).await?;

@@ -121,6 +121,8 @@ struct Timed {
     stage_starts: Vec<(usize, Timestamp)>,
     stage_nodes: BTreeMap<usize, usize>,
     done: Timestamp,
+    /// CPU seconds of each cluster component from the write to `done`.
+    cluster_cpu: Vec<(String, f64)>,
 }
 
 /// Writes `template` (and `strategy`) to the DaemonSet and times it until its
@@ -164,6 +166,7 @@ async fn timed_update(
             _ => {}
         }
     }
+    let cpu_before = ctx.cluster.component_stats()?;
     let t0 = Timestamp::now();
     let generation = k8s::set_daemonset(&ctx.client, NS, DS, template, strategy).await?;
     let deadline = tokio::time::Instant::now() + timeout;
@@ -216,6 +219,17 @@ async fn timed_update(
             _ => {}
         }
     }
+    let cpu_after = ctx.cluster.component_stats()?;
+    let cluster_cpu = cpu_after
+        .into_iter()
+        .map(|(name, after)| {
+            let before = cpu_before
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(after.cpu_secs, |(_, s)| s.cpu_secs);
+            (name, after.cpu_secs - before)
+        })
+        .collect();
     let ds_done = ds_done.unwrap_or(t0);
     let done = sr_done.map_or(ds_done, |s| s.max(ds_done));
     Ok(Timed {
@@ -224,6 +238,7 @@ async fn timed_update(
         stage_starts,
         stage_nodes,
         done,
+        cluster_cpu,
     })
 }
 
@@ -274,6 +289,8 @@ pub async fn native(ctx: &Ctx, max_unavailable: &str) -> anyhow::Result<RolloutR
         soak_secs: 0.0,
         operator: None,
         stage_requests: Vec::new(),
+        timed_secs: t.ds_secs,
+        cluster_cpu: t.cluster_cpu,
     })
 }
 
@@ -350,5 +367,7 @@ pub async fn saferollout(
         soak_secs: OVERHEAD_SOAK_SECS * stages.len() as f64,
         operator: Some(operator),
         stage_requests,
+        timed_secs: t.sr_secs.unwrap_or(t.ds_secs).max(t.ds_secs),
+        cluster_cpu: t.cluster_cpu,
     })
 }

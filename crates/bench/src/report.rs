@@ -60,6 +60,63 @@ pub fn net(sr: &RolloutRun) -> Option<f64> {
 /// What woke the operator's reconciles, per run: the requests queued by
 /// cause against the reconciles that ran (requests for a rollout already
 /// queued merge into one reconcile).
+/// What the cluster itself spent during each timed rollout: on 2 cores the
+/// API server is the shared resource, and this says how much of it each
+/// kind of rollout took.
+fn cluster_cpu_table(out: &mut String, r: &Results) {
+    let runs: Vec<(usize, &RolloutRun)> = r
+        .sizes
+        .iter()
+        .flat_map(|s| s.rollouts.iter().map(move |run| (s.nodes, run)))
+        .filter(|(_, run)| !run.cluster_cpu.is_empty())
+        .collect();
+    let Some((_, first)) = runs.first() else {
+        return;
+    };
+    let names: Vec<&str> = first.cluster_cpu.iter().map(|(n, _)| n.as_str()).collect();
+    let _ = writeln!(
+        out,
+        "CPU seconds each cluster component used during each timed run, from the template write to its \
+         end (native: the DaemonSet complete; saferollout: `Succeeded`, soak included), from /proc of \
+         the PIDs `tests/cluster/up` recorded (the operator's own CPU is in the footprint table below). \
+         Two cores give at most 2 CPU-seconds per second of wall time.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | run | maxUnavailable | wall (s) | {} | cluster (CPU-s) | cluster per second of wall |\n|---|---|---|---|{}---|---|",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    );
+    for (nodes, run) in runs {
+        let cpu = |name: &str| {
+            run.cluster_cpu
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, c)| *c)
+        };
+        let total: f64 = run.cluster_cpu.iter().map(|(_, c)| c).sum();
+        let _ = writeln!(
+            out,
+            "| {nodes} | {} | {} | {} | {} | {} | {} |",
+            run.mode,
+            run.max_unavailable,
+            f1(run.timed_secs),
+            names
+                .iter()
+                .map(|n| opt(cpu(n), f1))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            f1(total),
+            if run.timed_secs > 0.0 {
+                format!("{:.2}", total / run.timed_secs)
+            } else {
+                "-".into()
+            }
+        );
+    }
+    let _ = writeln!(out);
+}
+
 fn wakes_table(out: &mut String, r: &Results) {
     let mut causes: Vec<&str> = Vec::new();
     for s in &r.sizes {
@@ -288,6 +345,7 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
         }
     }
     let _ = writeln!(out);
+    cluster_cpu_table(&mut out, r);
 
     let _ = writeln!(out, "## Reaction time\n");
     let _ = writeln!(
@@ -563,4 +621,74 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
             .join(", ")
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::SizeResult;
+
+    fn run(mode: &str, k: &str, secs: f64, cpu: &[(&str, f64)]) -> RolloutRun {
+        RolloutRun {
+            mode: mode.into(),
+            max_unavailable: k.into(),
+            stages: String::new(),
+            daemonset_complete_secs: secs,
+            succeeded_secs: None,
+            soak_secs: 0.0,
+            operator: None,
+            stage_requests: Vec::new(),
+            cluster_cpu: cpu.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+            timed_secs: secs,
+        }
+    }
+
+    #[test]
+    fn the_cluster_cpu_table_has_a_row_per_run_with_its_total_per_second() {
+        let mut r = Results::default();
+        r.sizes.push(SizeResult {
+            nodes: 1000,
+            rollouts: vec![
+                run(
+                    "native",
+                    "1",
+                    50.0,
+                    &[("kube-apiserver", 40.0), ("etcd", 10.0)],
+                ),
+                run(
+                    "saferollout",
+                    "1",
+                    40.0,
+                    &[("kube-apiserver", 60.0), ("etcd", 12.0)],
+                ),
+                // A result of a build before the measure: no row.
+                run("native", "10%", 20.0, &[]),
+            ],
+            ..Default::default()
+        });
+        let mut out = String::new();
+        cluster_cpu_table(&mut out, &r);
+        let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| 1000")).collect();
+        assert_eq!(
+            rows,
+            [
+                "| 1000 | native | 1 | 50.0 | 40.0 | 10.0 | 50.0 | 1.00 |",
+                "| 1000 | saferollout | 1 | 40.0 | 60.0 | 12.0 | 72.0 | 1.80 |",
+            ]
+        );
+        assert!(out.contains("| kube-apiserver | etcd |"), "{out}");
+    }
+
+    #[test]
+    fn no_cluster_cpu_no_table() {
+        let mut r = Results::default();
+        r.sizes.push(SizeResult {
+            nodes: 10,
+            rollouts: vec![run("native", "1", 5.0, &[])],
+            ..Default::default()
+        });
+        let mut out = String::new();
+        cluster_cpu_table(&mut out, &r);
+        assert_eq!(out, "");
+    }
 }

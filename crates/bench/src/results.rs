@@ -77,6 +77,13 @@ pub struct RolloutRun {
     pub operator: Option<OperatorRun>,
     /// Per stage of a staged rollout: its new nodes and the operator's requests.
     pub stage_requests: Vec<StageRequests>,
+    /// CPU seconds each cluster component (control plane, KWOK, the fixture)
+    /// used from the template write to the end of the timed run, and that
+    /// run's wall time; empty in results of builds before it was measured.
+    #[serde(default)]
+    pub cluster_cpu: Vec<(String, f64)>,
+    #[serde(default)]
+    pub timed_secs: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
