@@ -12,6 +12,7 @@
 //! The CRD schema rejects nonsense with CEL rules whose messages name the
 //! field; see `tests/malformed/` at the repository root for examples.
 
+pub mod baseline;
 pub mod consts;
 pub mod devices;
 pub mod duration;

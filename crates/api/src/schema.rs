@@ -212,6 +212,25 @@ pub(crate) fn atomic(schema: &mut Schema) {
     schema.insert(key.into(), json!("atomic"));
 }
 
+/// Adds `baseline` to a stage's status schema: the per-node map operators
+/// before `baselineGroups` wrote (see [`crate::baseline`]). No Rust field
+/// writes it; the schema keeps it so the API server does not prune it from
+/// a stored status before the operator has read it.
+pub(crate) fn legacy_baseline(schema: &mut Schema) {
+    let legacy = json!({
+        "description": "Deprecated: the per-node baseline older operators wrote; read, replaced by baselineGroups on the next write.",
+        "type": "object",
+        "additionalProperties": {
+            "type": "object",
+            "additionalProperties": {"type": "integer", "format": "int64"}
+        },
+        "x-kubernetes-map-type": "atomic"
+    });
+    if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        props.insert("baseline".into(), legacy);
+    }
+}
+
 /// Marks the schema (an array) as a list-map keyed by `keys`.
 pub(crate) fn list_map(schema: &mut Schema, keys: &[&str]) {
     schema.insert("x-kubernetes-list-type".into(), json!("map"));

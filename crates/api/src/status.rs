@@ -257,35 +257,17 @@ pub struct BlockedRevision {
 }
 
 /// A node's count per extended resource (e.g. `nvidia.com/gpu: 8`), sorted by
-/// resource; serialised as a JSON object like a BTreeMap. A stage's baseline
-/// holds one per node: with a BTreeMap each was a tree node of eleven slots
-/// (368 bytes for one or two resources), 1.8 MB per copy of a 5,000-node
-/// stage's status, of which a pass holds several at once (the cached
-/// object, the one a watch event brings, the decision's, the write's).
-///
-/// Serialise it through [`counts_as_objects`], not its own `Serialize`:
-/// litemap writes an empty map as `[]` (it cannot tell from no entry whether
-/// its keys would make JSON object keys), which the schema refuses for a
-/// node whose gates read no extended resource.
+/// resource. A stage's baseline holds one per node: with a BTreeMap each was
+/// a tree node of eleven slots (368 bytes for one or two resources), 1.8 MB
+/// per copy of a 5,000-node stage's status, of which a pass holds several at
+/// once (the cached object, the one a watch event brings, the decision's, the
+/// write's). Written to status through [`crate::baseline`].
 pub type ResourceCounts = litemap::LiteMap<String, i64>;
-
-/// Writes per-node [`ResourceCounts`] as JSON objects, empty ones too.
-fn counts_as_objects<S: serde::Serializer>(
-    per_node: &BTreeMap<String, ResourceCounts>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    struct Object<'a>(&'a ResourceCounts);
-    impl Serialize for Object<'_> {
-        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_map(self.0.iter())
-        }
-    }
-    serializer.collect_map(per_node.iter().map(|(node, counts)| (node, Object(counts))))
-}
 
 /// Progress of one stage.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = schema::legacy_baseline)]
 pub struct StageStatus {
     /// Index (0-based) in the effective stage list.
     pub index: i32,
@@ -307,14 +289,19 @@ pub struct StageStatus {
     /// The latest verdict of each gate on this stage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gates: Vec<GateResult>,
-    /// Per node, per resource: allocatable captured before the stage touched
-    /// the node.
+    /// Each node's allocatable of the gated extended resources, captured
+    /// before the stage touched the node; written as groups of the nodes
+    /// that had the same counts.
     #[serde(
+        rename = "baselineGroups",
+        alias = "baseline",
         default,
         skip_serializing_if = "BTreeMap::is_empty",
-        serialize_with = "counts_as_objects"
+        with = "crate::baseline"
     )]
-    #[schemars(with = "BTreeMap<String, BTreeMap<String, i64>>", transform = schema::atomic)]
+    // In memory per node; on the wire groups (`crate::baseline`), read from
+    // those or from `baseline`, the map older operators wrote.
+    #[schemars(with = "Vec<crate::baseline::BaselineGroup>", transform = schema::atomic)]
     pub baseline: BTreeMap<String, ResourceCounts>,
     /// Nodes the stage took and then let go, with why: the node left the
     /// cluster, became NotReady or unschedulable for the agent, or no longer
