@@ -56,10 +56,6 @@ pub fn net(sr: &RolloutRun) -> Option<f64> {
     Some(sr.succeeded_secs? - sr.soak_secs)
 }
 
-/// Every operator process of a size.
-/// What woke the operator's reconciles, per run: the requests queued by
-/// cause against the reconciles that ran (requests for a rollout already
-/// queued merge into one reconcile).
 /// What the cluster itself spent during each timed rollout: on 2 cores the
 /// API server is the shared resource, and this says how much of it each
 /// kind of rollout took.
@@ -117,6 +113,9 @@ fn cluster_cpu_table(out: &mut String, r: &Results) {
     let _ = writeln!(out);
 }
 
+/// What woke the operator's reconciles, per run: the requests queued by
+/// cause against the reconciles that ran (requests for a rollout already
+/// queued merge into one reconcile).
 fn wakes_table(out: &mut String, r: &Results) {
     let mut causes: Vec<&str> = Vec::new();
     for s in &r.sizes {
@@ -163,6 +162,7 @@ fn wakes_table(out: &mut String, r: &Results) {
     let _ = writeln!(out);
 }
 
+/// Every operator process of a size.
 pub fn operator_runs(s: &SizeResult) -> Vec<&OperatorRun> {
     let mut runs: Vec<&OperatorRun> = s
         .rollouts

@@ -374,9 +374,8 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         && deferred.is_none()
         && *status != new_status
         && durability::status_may_go_behind(status, &new_status, &decision.actions);
-    let changes = if behind {
+    if behind {
         writes::status_behind(ctx, key, sr, new_status.clone());
-        record(&new_status)
     } else {
         // A deferred write is the status as last written: nothing to send.
         let to_write = if deferred.is_some() {
@@ -385,8 +384,8 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
             &new_status
         };
         writes::status(sr, ctx, key, status, to_write).await?;
-        record(&new_status)
-    };
+    }
+    let changes = record(&new_status);
 
     let template_value = spec_template.as_ref().map(|(v, _, _)| v);
     // Events last: they are best effort, and a revert's template restore or a

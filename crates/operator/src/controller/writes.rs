@@ -165,10 +165,10 @@ pub fn status_behind(
     let (ctx, key, rollout) = (ctx.clone(), key.clone(), ObjectRef::from_obj(sr));
     // Counted as written now: the passes meanwhile defer their progress to
     // the next write (durability::when_to_write) instead of queuing another.
-    ctx.memory(&key, |m| {
-        m.status_written_at = Some(std::time::Instant::now())
+    let previous = ctx.memory(&key, |m| {
+        m.status_written_at = Some(std::time::Instant::now());
+        m.status_behind.take()
     });
-    let previous = ctx.memory(&key, |m| m.status_behind.take());
     let task = {
         let (ctx, key) = (ctx.clone(), key.clone());
         tokio::spawn(async move {
