@@ -223,6 +223,11 @@ pub struct Model {
     /// Nodes whose Ready agent the operator deleted and that have not served
     /// since (the disruption the budget limits).
     pub disrupted: BTreeSet<String>,
+    /// Nodes whose agent failed a gate of a revert and has not served since.
+    /// They stay outside the budget until their agent is Ready again, even
+    /// when a new revision resets the stages that recorded the failure: the
+    /// node is down because of its agent, not of the operator.
+    failed_agents: BTreeSet<String>,
     /// Per revision: the nodes that ever got a pod of it.
     pub touched: BTreeMap<String, BTreeSet<String>>,
     /// Per stage index: most nodes seen on the target at once.
@@ -291,6 +296,7 @@ impl Model {
             counter: 0,
             actions_log: Vec::new(),
             disrupted: BTreeSet::new(),
+            failed_agents: BTreeSet::new(),
             touched: BTreeMap::new(),
             max_on_target: BTreeMap::new(),
             violations: Vec::new(),
@@ -575,6 +581,8 @@ impl Model {
             .map(|p| p.node.clone())
             .collect();
         self.disrupted.retain(|n| !serving.contains(n));
+        self.failed_agents
+            .retain(|n| covered.contains(n) && !serving.contains(n));
         self.history.push(self.cluster.clone());
         if self.history.len() > 8 {
             self.history.remove(0);
@@ -958,8 +966,16 @@ impl Model {
 
     /// The nodes whose agent failed a gate, when the operator reverts them
     /// itself (outside the budget): not under Quarantine or Halt, which keep
-    /// the budget.
+    /// the budget. A node stays exempt until its agent serves again.
     fn exempt_nodes(&self) -> BTreeSet<String> {
+        let mut exempt = self.failed_agents.clone();
+        exempt.extend(self.failed_in_status());
+        exempt
+    }
+
+    /// The nodes the status records as failing a gate of the target, when
+    /// the operator reverts them itself.
+    fn failed_in_status(&self) -> BTreeSet<String> {
         let stopped =
             self.status.stopped.as_ref().is_some_and(|s| {
                 self.status.target_revision.as_deref() == Some(s.revision.as_str())
@@ -1182,6 +1198,8 @@ impl Model {
             }
         }
         self.probe_orphaned = orphaned;
+        let failed = self.failed_in_status();
+        self.failed_agents.extend(failed);
         let exempt = self.exempt_nodes();
         let counted: Vec<&String> = self
             .disrupted
@@ -1418,5 +1436,70 @@ fn pod_view(p: &MPod) -> AgentPod<'_> {
         restarts: p.restarts,
         created: Some(p.created),
         deleted: p.deleted,
+    }
+}
+
+/// The budget check itself: it must see an over-budget deletion, and a node
+/// whose agent failed a gate stays outside the count only until it serves.
+#[cfg(test)]
+mod checker_tests {
+    use saferollout_api::StageStatus;
+
+    use super::*;
+
+    fn delete_agent_on(m: &mut Model, node: &str) {
+        let pod = m.cluster.pods.values().find(|p| p.node == node).unwrap();
+        let pods = vec![super::super::PodRef {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            node: node.to_string(),
+            unchanged_since: None,
+        }];
+        m.perform(&Action::DeletePods { pods }, 1, 1);
+    }
+
+    fn budget_violations(m: &Model) -> Vec<&String> {
+        m.violations
+            .iter()
+            .filter(|v| v.contains("because of the operator"))
+            .collect()
+    }
+
+    #[test]
+    fn two_ready_agents_deleted_at_max_unavailable_one_is_a_violation() {
+        let mut m = Model::new(3);
+        delete_agent_on(&mut m, "node-00");
+        m.check_cluster();
+        assert!(budget_violations(&m).is_empty(), "{:?}", m.violations);
+        delete_agent_on(&mut m, "node-01");
+        m.check_cluster();
+        assert_eq!(budget_violations(&m).len(), 1, "{:?}", m.violations);
+    }
+
+    #[test]
+    fn a_failed_agent_stays_outside_the_budget_until_it_serves_again() {
+        let mut m = Model::new(3);
+        // The operator replaces node-00's agent; the new one fails a gate and
+        // the revert (outside the budget for node-00) replaces node-01's.
+        delete_agent_on(&mut m, "node-00");
+        m.status.target_revision = Some("v2".into());
+        m.status.stages = vec![StageStatus {
+            failed_nodes: vec!["node-00".into()],
+            ..Default::default()
+        }];
+        delete_agent_on(&mut m, "node-01");
+        m.check_cluster();
+        assert!(budget_violations(&m).is_empty(), "{:?}", m.violations);
+        // A new revision resets the stages: node-00 is still down because of
+        // its agent, not of the operator.
+        m.status.target_revision = Some("v3".into());
+        m.status.stages.clear();
+        m.check_cluster();
+        assert!(budget_violations(&m).is_empty(), "{:?}", m.violations);
+        // The exemption covers node-00 only: one more Ready agent deleted
+        // is over the budget.
+        delete_agent_on(&mut m, "node-02");
+        m.check_cluster();
+        assert_eq!(budget_violations(&m).len(), 1, "{:?}", m.violations);
     }
 }
