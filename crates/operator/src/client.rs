@@ -7,12 +7,22 @@
 //! holds a TLS connection of its own (a handshake, and about 30 KB of
 //! buffers and state, kept idle for 90 s after). With 50 SafeRollouts
 //! starting stages together the operator held about 100 such connections at
-//! 5,000 nodes (bench/results/2026-12-04-h2.md). Over HTTP/2 every watch and
-//! write shares one connection. The API server caps the streams of a
+//! 5,000 nodes (bench/results/2026-12-04-h2.md). Over HTTP/2 a client's
+//! requests share one connection. The API server caps the streams of a
 //! connection (`--http2-max-streams-per-connection`, Go's 250 when unset);
 //! a request beyond the cap waits in the client for a stream to close rather
 //! than fail, and the operator keeps far fewer in flight anyway (64 node and
 //! pod writes, `API_WRITES_IN_FLIGHT`, plus its watches and status writes).
+//!
+//! The operator makes two clients, so two connections: one for its watches
+//! (and its lease), one for its writes. Over one connection, a single task
+//! reads and decrypts every frame, so a write's answer, or the next
+//! deletion's request, can wait behind the watch events of the cluster's
+//! nodes and agent pods. At 1,000 nodes and `maxUnavailable: 1`, from the
+//! API server's Ready write for a new pod to the operator's next deletion
+//! took 12.0-13.6 ms (mean 12.6) over one connection and 10.7-12.1 ms (mean
+//! 11.4) over two, four runs each (audit log,
+//! bench/results/2026-12-05-profile.md).
 
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -77,11 +87,6 @@ pub fn from_config(config: Config) -> kube::Result<Client> {
         .map_err(BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))
-}
-
-/// The client of the environment: in-cluster config, else `KUBECONFIG`.
-pub async fn infer() -> kube::Result<Client> {
-    from_config(Config::infer().await.map_err(kube::Error::InferConfig)?)
 }
 
 #[cfg(test)]

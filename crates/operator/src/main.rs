@@ -117,7 +117,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.lease_grace == 0 || args.lease_grace >= args.lease_duration {
         anyhow::bail!("--lease-grace must be at least 1 and less than --lease-duration");
     }
-    let client = client::infer().await?;
+    let config = kube::Config::infer().await?;
+    // Two connections to the API server: one carries the watches (and the
+    // lease), the other the writes (see `client`).
+    let client = client::from_config(config.clone())?;
+    let writer = client::from_config(config)?;
     let metrics = Arc::new(metrics::Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.metrics_addr).await?;
     tracing::info!(
@@ -154,7 +158,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // mostly their initial lists).
     let (leadership, started) = tokio::try_join!(
         election,
-        controller::start(client.clone(), metrics.clone(), options)
+        controller::start(client.clone(), writer, metrics.clone(), options)
     )?;
     metrics.set_lease_known();
     let leader::Leadership {

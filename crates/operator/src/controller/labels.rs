@@ -35,6 +35,16 @@ use crate::leader::Fence;
 
 /// Label patches in flight at once, per SafeRollout (all of them together
 /// keep to [`writes::API_WRITES_IN_FLIGHT`]).
+///
+/// A stage's labels slow the replacements that run meanwhile: each patch
+/// costs the cluster about 5 ms of CPU (the API server, and every node
+/// watcher). At 1,000 nodes and `maxUnavailable: 1` the 1,000 labels took
+/// 3.3-3.6 s, during which the operator's deletions took the API server
+/// 85-103 ms instead of 8-9 and the replacements came 300-460 ms apart
+/// instead of 70-80 (audit log): about 3 s of each rollout. Fewer at a time
+/// does not help: with 4 the labels took 7.2 s, the replacements meanwhile
+/// came 160 ms apart, and the same time was lost; at 10% the labelling
+/// stretched from 5 s to 14 s. The cost is the writes' CPU, not their burst.
 const PARALLEL_WRITES: usize = 32;
 
 /// One queued action: this rollout's labels with `stage` on `nodes`, or

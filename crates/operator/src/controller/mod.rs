@@ -90,6 +90,7 @@ pub fn with_memory<R>(
 }
 
 pub struct Context {
+    /// The connection of the writes (the caches watch over another).
     pub client: Client,
     pub caches: Arc<Caches>,
     pub recorder: Recorder,
@@ -607,7 +608,8 @@ pub struct Options {
 
 /// The caches, started and filling: what [`run`] reconciles from.
 pub struct Started {
-    client: Client,
+    /// The connection the writes go over (the caches watch over another).
+    writer: Client,
     metrics: Arc<Metrics>,
     caches: Arc<Caches>,
     triggers: Arc<Triggers>,
@@ -619,6 +621,7 @@ pub struct Started {
 /// not for both in turn.
 pub async fn start(
     client: Client,
+    writer: Client,
     metrics: Arc<Metrics>,
     options: Options,
 ) -> anyhow::Result<Started> {
@@ -643,7 +646,7 @@ pub async fn start(
         });
     }
     Ok(Started {
-        client,
+        writer,
         metrics,
         caches,
         triggers,
@@ -658,15 +661,15 @@ pub async fn run(
     mut leading: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let Started {
-        client,
+        writer,
         metrics,
         caches,
         triggers,
     } = started;
     let ctx = Arc::new(Context {
-        client: client.clone(),
+        client: writer.clone(),
         caches: caches.clone(),
-        recorder: Recorder::new(client.clone(), Reporter::from("saferollout-operator")),
+        recorder: Recorder::new(writer.clone(), Reporter::from("saferollout-operator")),
         metrics: metrics.clone(),
         fence,
         triggers: triggers.clone(),
