@@ -4,9 +4,9 @@
 Reads operator logs written with `saferollout::pass=debug` in the operator's
 RUST_LOG (`SAFEROLLOUT_BENCH_OPERATOR_LOG=info,kube=warn,saferollout::pass=debug
 bench/run ... --keep`; bench/run prints where the logs are) and prints, per
-log, the passes that acted (deleted pods, wrote labels or templates), the
-passes that acted on nothing, and those whose status write went behind the
-pass, with each part's mean and total:
+log, the passes with actions (pod deletions, label or template writes,
+Events), the passes with none, and those whose status write went behind
+the pass, with each part's mean and total:
 
   deref   reading the caches (dereference)
   decide  building the views and deciding
