@@ -1198,13 +1198,14 @@ impl Model {
             }
         }
         self.probe_orphaned = orphaned;
+        // Remembered from now on: with them, the failed agents are every
+        // exempt node (`exempt_nodes`).
         let failed = self.failed_in_status();
         self.failed_agents.extend(failed);
-        let exempt = self.exempt_nodes();
         let counted: Vec<&String> = self
             .disrupted
             .iter()
-            .filter(|n| !exempt.contains(*n))
+            .filter(|n| !self.failed_agents.contains(*n))
             .filter(|n| {
                 self.cluster
                     .nodes
