@@ -269,11 +269,13 @@ async fn run_size(
                 .filter_map(|r| parse_overhead_run(r))
                 .filter(|(_, k, _)| k1 || *k != "1")
                 .collect();
-            for (mode, k, stages) in runs {
+            for (i, (mode, k, stages)) in runs.iter().enumerate() {
+                let (mode, k) = (*mode, *k);
+                let repeat = runs[..i].iter().filter(|r| *r == &runs[i]).count();
                 let run = if mode == "native" {
                     overhead::native(&ctx, k).await
                 } else {
-                    overhead::saferollout(&ctx, k, &stages).await
+                    overhead::saferollout(&ctx, k, stages, repeat).await
                 };
                 match run {
                     Ok(r) => size.rollouts.push(r),

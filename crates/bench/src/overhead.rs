@@ -298,16 +298,23 @@ pub async fn native(ctx: &Ctx, max_unavailable: &str) -> anyhow::Result<RolloutR
 /// and the operator started (its start-up is measured), it adopts the
 /// DaemonSet, then the template changes (the Helm path), then the SafeRollout
 /// is deleted (the DaemonSet goes back to RollingUpdate) and the operator stops.
+///
+/// `repeat` counts the runs of the same kind before this one in the list:
+/// each run gets its own SafeRollout, operator log and footprint row.
 pub async fn saferollout(
     ctx: &Ctx,
     max_unavailable: &str,
     stages: &[&str],
+    repeat: usize,
 ) -> anyhow::Result<RolloutRun> {
-    let label = format!(
+    let mut label = format!(
         "rollout-k{}-{}",
         max_unavailable.replace('%', "pct"),
         stages.len()
     );
+    if repeat > 0 {
+        label.push_str(&format!("-r{}", repeat + 1));
+    }
     eprintln!(
         "bench: {} nodes: saferollout, stages {stages:?}, maxUnavailable {max_unavailable}",
         ctx.nodes

@@ -30,16 +30,25 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or("-".into(), f)
 }
 
-/// The native run and saferollout's single-stage run at the same maxUnavailable.
+/// Each native run with saferollout's single-stage run at the same
+/// maxUnavailable, in order: the n-th native run of a K with the n-th
+/// saferollout run of it (runs repeated in one invocation alternate, and
+/// each pair is compared once).
 pub fn pairs(s: &SizeResult) -> Vec<(&RolloutRun, &RolloutRun)> {
+    let single_stage = |k: &str| -> Vec<&RolloutRun> {
+        s.rollouts
+            .iter()
+            .filter(|r| r.mode == "saferollout" && r.max_unavailable == k && r.stages == "100%")
+            .collect()
+    };
     let mut out = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
     for native in s.rollouts.iter().filter(|r| r.mode == "native") {
-        if let Some(sr) = s.rollouts.iter().find(|r| {
-            r.mode == "saferollout"
-                && r.max_unavailable == native.max_unavailable
-                && r.stages == "100%"
-        }) {
-            out.push((native, sr));
+        let k = native.max_unavailable.as_str();
+        let nth = seen.iter().filter(|x| **x == k).count();
+        seen.push(k);
+        if let Some(sr) = single_stage(k).get(nth) {
+            out.push((native, *sr));
         }
     }
     out
@@ -677,6 +686,34 @@ mod tests {
             ]
         );
         assert!(out.contains("| kube-apiserver | etcd |"), "{out}");
+    }
+
+    #[test]
+    fn repeated_runs_pair_in_order_each_once() {
+        let sr = |k: &str, secs: f64| RolloutRun {
+            stages: "100%".into(),
+            succeeded_secs: Some(secs),
+            ..run("saferollout", k, secs, &[])
+        };
+        let s = SizeResult {
+            nodes: 1000,
+            rollouts: vec![
+                run("native", "1", 65.0, &[]),
+                sr("1", 66.0),
+                run("native", "1", 67.0, &[]),
+                sr("1", 73.0),
+                run("native", "10%", 29.0, &[]),
+                sr("10%", 39.0),
+                // A native run left without its saferollout run: no pair.
+                run("native", "1", 70.0, &[]),
+            ],
+            ..Default::default()
+        };
+        let got: Vec<(f64, f64)> = pairs(&s)
+            .into_iter()
+            .map(|(n, r)| (n.daemonset_complete_secs, r.daemonset_complete_secs))
+            .collect();
+        assert_eq!(got, [(65.0, 66.0), (67.0, 73.0), (29.0, 39.0)]);
     }
 
     #[test]
