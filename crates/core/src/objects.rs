@@ -12,6 +12,7 @@
 //! deserializes into one.
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::{ContainerState, Node, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -20,6 +21,54 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube_core::Resource;
 use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::views::{NodeFacts, PodFacts};
+
+/// Facts worked out from the rest of an object the first time a view reads
+/// them, then kept with it. The operator's caches hold each version of a pod
+/// or node behind an `Arc`, never changed, and every pass built a view of
+/// every one of them anew: label lookups, condition scans, timestamps (with
+/// the string comparisons they take, about a third of the operator's CPU at
+/// 1,000 nodes; `bench/results/2026-12-05-views.md`).
+///
+/// A clone starts without them (it may be changed before it is read), and
+/// equality ignores them (they follow from the rest of the object). An object
+/// changed in place after a view read it would keep stale facts: debug
+/// builds (every test) work them out again on each read and fail on a
+/// difference.
+#[derive(Default)]
+pub struct Derived<T>(OnceLock<T>);
+
+impl<T: PartialEq + std::fmt::Debug> Derived<T> {
+    /// The facts, worked out by `of` on first use.
+    pub fn get(&self, of: impl Fn() -> T) -> &T {
+        let facts = self.0.get_or_init(&of);
+        debug_assert_eq!(
+            *facts,
+            of(),
+            "an object was changed in place after a view read it"
+        );
+        facts
+    }
+}
+
+impl<T> Clone for Derived<T> {
+    fn clone(&self) -> Self {
+        Derived(OnceLock::new())
+    }
+}
+
+impl<T> PartialEq for Derived<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> std::fmt::Debug for Derived<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Derived")
+    }
+}
 
 /// Reads an object's metadata without its `managedFields`: about 40% of an
 /// agent pod's or a node's JSON (2 of 5.7 KB, 2.5 of 4.7 KB on the bench's
@@ -79,6 +128,9 @@ pub struct SlimPod {
     pub spec: Option<SlimPodSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<SlimPodStatus>,
+    /// What [`crate::views::AgentPod`] reads, worked out once.
+    #[serde(skip)]
+    pub facts: Derived<PodFacts>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -190,6 +242,9 @@ pub struct SlimNode {
     pub spec: Option<SlimNodeSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<SlimNodeStatus>,
+    /// What [`crate::views::NodeView`] reads, worked out once.
+    #[serde(skip)]
+    pub facts: Derived<NodeFacts>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -339,5 +394,52 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(crate::views::NodeView::of(&ready).not_ready_since, None);
+    }
+
+    fn agent_pod(ready: &str, revision: &str) -> SlimPod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u", "resourceVersion": "1",
+                "labels": {"controller-revision-hash": revision}},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": ready}],
+                "containerStatuses": [{"name": "c", "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_view_reads_its_facts_once_and_a_clone_works_them_out_anew() {
+        use crate::views::AgentPod;
+        let pod = agent_pod("False", "v1");
+        let first = AgentPod::of(&pod).unwrap();
+        assert_eq!(
+            (first.revision, first.ready, first.running, first.restarts),
+            ("v1", false, true, 3)
+        );
+        assert_eq!(first.waiting_reason, Some("CrashLoopBackOff"));
+        assert_eq!(first.waiting_message, Some("back-off"));
+        assert!(pod.facts.0.get().is_some(), "kept after the first view");
+        assert_eq!(AgentPod::of(&pod), Some(first));
+        // A clone may be changed before it is read: it starts without facts.
+        let mut changed = pod.clone();
+        assert!(changed.facts.0.get().is_none());
+        changed.status = agent_pod("True", "v1").status;
+        changed.metadata.labels = agent_pod("True", "v2").metadata.labels;
+        let view = AgentPod::of(&changed).unwrap();
+        assert_eq!((view.revision, view.ready), ("v2", true));
+        // Equality is the object's: facts worked out or not.
+        assert_eq!(agent_pod("False", "v1"), pod);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "changed in place after a view read it")]
+    fn an_object_changed_in_place_after_a_view_fails_debug_builds() {
+        let mut pod = agent_pod("False", "v1");
+        crate::views::AgentPod::of(&pod);
+        pod.status = agent_pod("True", "v1").status;
+        crate::views::AgentPod::of(&pod);
     }
 }

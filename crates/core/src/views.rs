@@ -44,36 +44,40 @@ pub struct AgentPod<'a> {
     pub deleted: Option<Timestamp>,
 }
 
-impl<'a> AgentPod<'a> {
-    /// The view of a pod bound to a node; `None` for a pod not yet scheduled.
-    pub fn of(pod: &'a SlimPod) -> Option<Self> {
-        let node = pod.spec.as_ref()?.node_name.as_deref()?;
+/// What a pod's view reads beyond its borrowed names, worked out once per
+/// cached pod (see [`crate::objects::Derived`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodFacts {
+    revision: Option<String>,
+    running: bool,
+    ready: bool,
+    /// Which container waits (the first one that does).
+    waiting: Option<usize>,
+    restarts: i32,
+    created: Option<Timestamp>,
+    deleted: Option<Timestamp>,
+}
+
+impl PodFacts {
+    fn of(pod: &SlimPod) -> Self {
         let status = pod.status.as_ref();
         let containers = status
             .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
-        let waiting = containers
-            .iter()
-            .find_map(|c| c.state.as_ref()?.waiting.as_ref());
-        Some(AgentPod {
-            name: pod.metadata.name.as_deref().unwrap_or_default(),
-            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
-            resource_version: pod.metadata.resource_version.as_deref().unwrap_or_default(),
-            node,
+        PodFacts {
             revision: pod
                 .metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(REVISION_HASH_LABEL))
-                .map(String::as_str)
-                .unwrap_or_default(),
+                .cloned(),
             running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
             ready: status
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-            deleting: pod.metadata.deletion_timestamp.is_some(),
-            waiting_reason: waiting.and_then(|w| w.reason.as_deref()),
-            waiting_message: waiting.and_then(|w| w.message.as_deref()),
+            waiting: containers
+                .iter()
+                .position(|c| c.state.as_ref().is_some_and(|s| s.waiting.is_some())),
             restarts: containers
                 .iter()
                 .map(|c| c.restart_count)
@@ -84,6 +88,36 @@ impl<'a> AgentPod<'a> {
                 let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
                 t.0 - jiff::SignedDuration::from_secs(grace)
             }),
+        }
+    }
+}
+
+impl<'a> AgentPod<'a> {
+    /// The view of a pod bound to a node; `None` for a pod not yet scheduled.
+    pub fn of(pod: &'a SlimPod) -> Option<Self> {
+        let node = pod.spec.as_ref()?.node_name.as_deref()?;
+        let facts = pod.facts.get(|| PodFacts::of(pod));
+        let waiting = facts.waiting.and_then(|i| {
+            pod.status.as_ref()?.container_statuses.as_ref()?[i]
+                .state
+                .as_ref()?
+                .waiting
+                .as_ref()
+        });
+        Some(AgentPod {
+            name: pod.metadata.name.as_deref().unwrap_or_default(),
+            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+            resource_version: pod.metadata.resource_version.as_deref().unwrap_or_default(),
+            node,
+            revision: facts.revision.as_deref().unwrap_or_default(),
+            running: facts.running,
+            ready: facts.ready,
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            waiting_reason: waiting.and_then(|w| w.reason.as_deref()),
+            waiting_message: waiting.and_then(|w| w.message.as_deref()),
+            restarts: facts.restarts,
+            created: facts.created,
+            deleted: facts.deleted,
         })
     }
 
@@ -134,31 +168,60 @@ impl<'a> RolloutLabels<'a> {
     }
 }
 
-impl<'a> NodeView<'a> {
-    pub fn of(node: &'a SlimNode) -> Self {
-        let status = node.status.as_ref();
-        let ready_condition = status
+/// What a node's view reads beyond borrowed fields, worked out once per
+/// cached node (see [`crate::objects::Derived`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeFacts {
+    ready: bool,
+    not_ready_since: Option<Timestamp>,
+    rollout: Option<String>,
+    stage: Option<usize>,
+}
+
+impl NodeFacts {
+    fn of(node: &SlimNode) -> Self {
+        let ready_condition = node
+            .status
+            .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
         let ready = ready_condition.is_some_and(|c| c.status == "True");
-        let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-        NodeView {
-            name: node.metadata.name.as_deref().unwrap_or_default(),
-            labels,
+        let ours = RolloutLabels::of(node.metadata.labels.as_ref().unwrap_or(&NO_LABELS));
+        NodeFacts {
             ready,
             not_ready_since: ready_condition
                 .filter(|_| !ready)
                 .and_then(|c| c.last_transition_time.as_ref())
                 .map(|t| t.0),
+            rollout: ours.rollout.map(str::to_string),
+            stage: ours.stage,
+        }
+    }
+}
+
+impl<'a> NodeView<'a> {
+    pub fn of(node: &'a SlimNode) -> Self {
+        let facts = node.facts.get(|| NodeFacts::of(node));
+        NodeView {
+            name: node.metadata.name.as_deref().unwrap_or_default(),
+            labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            ready: facts.ready,
+            not_ready_since: facts.not_ready_since,
             taints: node
                 .spec
                 .as_ref()
                 .and_then(|s| s.taints.as_deref())
                 .unwrap_or_default(),
-            allocatable: status
+            allocatable: node
+                .status
+                .as_ref()
                 .and_then(|s| s.allocatable.as_ref())
                 .unwrap_or(&NO_QUANTITIES),
-            ours: RolloutLabels::of(labels),
+            ours: RolloutLabels {
+                rollout: facts.rollout.as_deref(),
+                stage: facts.stage,
+                queued: false,
+            },
         }
     }
 
