@@ -442,4 +442,22 @@ mod tests {
         pod.status = agent_pod("True", "v1").status;
         crate::views::AgentPod::of(&pod);
     }
+
+    /// Every cached pod and node carries its facts: at 5,000 nodes and 50
+    /// SafeRollouts (about 10,000 objects) each byte is 10 KB of the 64 MiB
+    /// the operator keeps to.
+    #[test]
+    fn facts_stay_small() {
+        use std::mem::size_of;
+        assert!(
+            size_of::<Derived<PodFacts>>() <= 48,
+            "{}",
+            size_of::<Derived<PodFacts>>()
+        );
+        assert!(
+            size_of::<Derived<NodeFacts>>() <= 72,
+            "{}",
+            size_of::<Derived<NodeFacts>>()
+        );
+    }
 }

@@ -52,10 +52,8 @@ pub struct PodFacts {
     running: bool,
     ready: bool,
     /// Which container waits (the first one that does).
-    waiting: Option<usize>,
+    waiting: Option<u32>,
     restarts: i32,
-    created: Option<Timestamp>,
-    deleted: Option<Timestamp>,
 }
 
 impl PodFacts {
@@ -77,17 +75,13 @@ impl PodFacts {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
             waiting: containers
                 .iter()
-                .position(|c| c.state.as_ref().is_some_and(|s| s.waiting.is_some())),
+                .position(|c| c.state.as_ref().is_some_and(|s| s.waiting.is_some()))
+                .map(|i| i as u32),
             restarts: containers
                 .iter()
                 .map(|c| c.restart_count)
                 .max()
                 .unwrap_or(0),
-            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            deleted: pod.metadata.deletion_timestamp.as_ref().map(|t| {
-                let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
-                t.0 - jiff::SignedDuration::from_secs(grace)
-            }),
         }
     }
 }
@@ -98,7 +92,7 @@ impl<'a> AgentPod<'a> {
         let node = pod.spec.as_ref()?.node_name.as_deref()?;
         let facts = pod.facts.get(|| PodFacts::of(pod));
         let waiting = facts.waiting.and_then(|i| {
-            pod.status.as_ref()?.container_statuses.as_ref()?[i]
+            pod.status.as_ref()?.container_statuses.as_ref()?[i as usize]
                 .state
                 .as_ref()?
                 .waiting
@@ -116,8 +110,11 @@ impl<'a> AgentPod<'a> {
             waiting_reason: waiting.and_then(|w| w.reason.as_deref()),
             waiting_message: waiting.and_then(|w| w.message.as_deref()),
             restarts: facts.restarts,
-            created: facts.created,
-            deleted: facts.deleted,
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            deleted: pod.metadata.deletion_timestamp.as_ref().map(|t| {
+                let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+                t.0 - jiff::SignedDuration::from_secs(grace)
+            }),
         })
     }
 
@@ -175,7 +172,7 @@ pub struct NodeFacts {
     ready: bool,
     not_ready_since: Option<Timestamp>,
     rollout: Option<String>,
-    stage: Option<usize>,
+    stage: Option<u32>,
 }
 
 impl NodeFacts {
@@ -194,7 +191,9 @@ impl NodeFacts {
                 .and_then(|c| c.last_transition_time.as_ref())
                 .map(|t| t.0),
             rollout: ours.rollout.map(str::to_string),
-            stage: ours.stage,
+            // A stage index fits (the CRD allows saferollout_api::schema::MAX_STAGES); a
+            // larger label value is no stage of ours, as one that does not parse.
+            stage: ours.stage.and_then(|i| u32::try_from(i).ok()),
         }
     }
 }
@@ -219,7 +218,7 @@ impl<'a> NodeView<'a> {
                 .unwrap_or(&NO_QUANTITIES),
             ours: RolloutLabels {
                 rollout: facts.rollout.as_deref(),
-                stage: facts.stage,
+                stage: facts.stage.map(|i| i as usize),
                 queued: false,
             },
         }
