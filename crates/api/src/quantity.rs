@@ -18,7 +18,15 @@ pub fn quantity_count(q: &Quantity) -> Option<i64> {
 
 /// [`quantity_count`] of a string.
 pub fn count_of(text: &str) -> Option<i64> {
-    let parsed = ParsedQuantity::try_from(text.trim()).ok()?;
+    let text = text.trim();
+    // Device counts are nearly always plain digits ("8"), read on every
+    // node each pass by the allocatable gate: parsed directly, without the
+    // general quantity grammar (about 3% of the operator's CPU at 1,000
+    // nodes). Fifteen digits stay below the bound checked below.
+    if (1..=15).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().ok();
+    }
+    let parsed = ParsedQuantity::try_from(text).ok()?;
     // f64 holds every integer up to 2^53 exactly: far beyond any device count.
     let value = parsed.to_bytes_f64()?;
     let whole = value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value < 9.0e15;
@@ -52,6 +60,22 @@ mod tests {
         for text in ["500m", "1.5", "-1", "abc", "", "8 GPUs", "1..2"] {
             assert_eq!(count_of(text), None, "{text:?}");
         }
+    }
+
+    /// The plain-digits shortcut answers as the quantity grammar does.
+    #[test]
+    fn plain_digits_read_as_the_grammar_reads_them() {
+        let by_grammar = |t: &str| {
+            let v = ParsedQuantity::try_from(t).ok()?.to_bytes_f64()?;
+            (v.fract() == 0.0 && v < 9.0e15).then_some(v as i64)
+        };
+        for text in ["0", "8", "08", "0008", "4096", "123456789012345"] {
+            assert_eq!(count_of(text), by_grammar(text), "{text}");
+            assert!(count_of(text).is_some(), "{text}");
+        }
+        // Sixteen digits go through the grammar and its bound.
+        assert_eq!(count_of("9000000000000001"), None);
+        assert_eq!(count_of("1000000000000000"), Some(1_000_000_000_000_000));
     }
 
     #[test]
