@@ -27,9 +27,11 @@ use crate::views::{NodeFacts, PodFacts};
 /// Facts worked out from the rest of an object the first time a view reads
 /// them, then kept with it. The operator's caches hold each version of a pod
 /// or node behind an `Arc`, never changed, and every pass built a view of
-/// every one of them anew: label lookups, condition scans, timestamps (with
-/// the string comparisons they take, about a third of the operator's CPU at
-/// 1,000 nodes; `bench/results/2026-12-05-views.md`).
+/// every one of them anew: label lookups and condition scans (with the
+/// string comparisons they take, a fifth to a quarter of the operator's CPU
+/// at 1,000 nodes; `bench/results/2026-12-05-views.md`). Only what takes a
+/// lookup or a scan is kept; fields a view copies (names, timestamps) are
+/// read from the object each time.
 ///
 /// A clone starts without them (it may be changed before it is read), and
 /// equality ignores them (they follow from the rest of the object). An object
