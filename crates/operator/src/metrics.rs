@@ -77,6 +77,11 @@ pub struct CauseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AllocatorLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabels {
     pub version: String,
 }
@@ -126,6 +131,8 @@ pub struct Metrics {
     /// merge into one reconcile, so these count at least the reconciles.
     pub wakes: Family<CauseLabels, Counter>,
     pub leader: Gauge,
+    /// jemalloc's byte counts, read at each scrape ([`allocator_bytes`]).
+    allocator: Family<AllocatorLabels, Gauge>,
     /// Gates with a `gate_result` series, per rollout (so stale ones go).
     gate_series: std::sync::Mutex<std::collections::HashMap<RolloutLabels, Vec<String>>>,
     /// /readyz: every cache synced and the lease state known.
@@ -164,6 +171,7 @@ impl Default for Metrics {
             watch_restarts: Family::default(),
             wakes: Family::default(),
             leader: Gauge::default(),
+            allocator: Family::default(),
             gate_series: Default::default(),
             caches_synced: AtomicBool::new(false),
             lease_known: AtomicBool::new(false),
@@ -179,6 +187,14 @@ impl Default for Metrics {
             "build_info",
             "The operator's version (always 1)",
             build_info,
+        );
+        registry.register(
+            "allocator_bytes",
+            "The memory allocator's bytes by kind (jemalloc): allocated (live objects), \
+             active (their pages), resident (pages the allocator holds in RAM, its \
+             metadata included), metadata, retained (returned to the kernel, address \
+             space kept). Read at each scrape",
+            m.allocator.clone(),
         );
         registry.register(
             "rollout_phase",
@@ -473,6 +489,11 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
+        for (kind, bytes) in allocator_bytes() {
+            self.allocator
+                .get_or_create(&AllocatorLabels { kind })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");
@@ -521,6 +542,34 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) -> 
     Ok(())
 }
 
+/// jemalloc's statistics, refreshed (they are cached until the epoch moves):
+/// what the process's RSS is made of. Allocated against active is the
+/// fragmentation of partly used pages; resident against active plus
+/// metadata is freed memory not yet returned to the kernel. Empty when the
+/// operator runs on the C library's malloc (feature `system-allocator`) or a
+/// read fails.
+fn allocator_bytes() -> Vec<(&'static str, usize)> {
+    #[cfg(not(feature = "system-allocator"))]
+    {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        if epoch::advance().is_err() {
+            return Vec::new();
+        }
+        let read = [
+            ("allocated", stats::allocated::read()),
+            ("active", stats::active::read()),
+            ("resident", stats::resident::read()),
+            ("metadata", stats::metadata::read()),
+            ("retained", stats::retained::read()),
+        ];
+        read.into_iter()
+            .filter_map(|(kind, bytes)| Some((kind, bytes.ok()?)))
+            .collect()
+    }
+    #[cfg(feature = "system-allocator")]
+    Vec::new()
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -528,6 +577,26 @@ mod tests {
     use saferollout_core::transitions::Rollback;
 
     use super::*;
+
+    #[test]
+    fn the_allocator_counts_are_read_at_each_scrape() {
+        let m = Metrics::default();
+        let text = m.encode();
+        for kind in ["allocated", "active", "resident", "metadata", "retained"] {
+            assert!(
+                text.contains(&format!("saferollout_allocator_bytes{{kind=\"{kind}\"}} ")),
+                "{kind} missing from:\n{text}"
+            );
+        }
+        // The test binary allocates through jemalloc only what this reads:
+        // nothing asserts on the amounts but that they are read anew.
+        let resident = |t: &str| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("saferollout_allocator_bytes{kind=\"resident\"} "))
+                .map(str::to_string)
+        };
+        assert!(resident(&text).is_some());
+    }
 
     #[test]
     fn status_gauges_and_transition_counters() {

@@ -407,6 +407,16 @@ mod prune {
         m.managed_fields = None;
     }
 
+    /// SafeRollouts keep everything but their managedFields: the operator
+    /// applies their status many times a rollout, and the API server's
+    /// record of the fields it owns (stages, node lists, baselines) came to
+    /// 25 KB a SafeRollout at 100 nodes each (1.3 MB of the 50-SafeRollout
+    /// heap at 5,000 nodes, heaptrack). Their annotations stay: retry,
+    /// approve and abort are annotations.
+    pub fn rollout(r: &mut saferollout_api::SafeRollout) {
+        meta(&mut r.metadata);
+    }
+
     /// Agent pods are projected when decoded ([`SlimPod`]): what is left
     /// to drop is the metadata decisions never read, every label but the
     /// revision hash, and every condition but Ready. (A label map is about
@@ -562,7 +572,7 @@ pub fn start(
             watch_config(),
             w,
             metrics,
-            |_| {},
+            prune::rollout,
             move |ev| r.rollout_event(ev),
         );
     }
@@ -1610,6 +1620,25 @@ mod tests {
             small.capacity()
         );
         assert_eq!(stores.in_namespace("big").len(), 1000);
+    }
+
+    #[test]
+    fn a_cached_safe_rollout_keeps_its_annotations_and_status_not_its_managed_fields() {
+        let mut r: saferollout_api::SafeRollout = serde_json::from_value(json!({
+            "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
+            "metadata": {"name": "r", "namespace": "ns",
+                "annotations": {"saferollout.dev/retry": "1"},
+                "managedFields": [{"manager": "saferollout-operator", "operation": "Apply",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:stages": {}}}}]},
+            "spec": {"targetRef": {"name": "agent"}},
+            "status": {"targetRevision": "abc"}}))
+        .unwrap();
+        let before = r.clone();
+        prune::rollout(&mut r);
+        assert!(r.metadata.managed_fields.is_none());
+        assert_eq!(r.metadata.annotations, before.metadata.annotations);
+        assert_eq!(r.spec, before.spec);
+        assert_eq!(r.status, before.status);
     }
 
     #[test]
