@@ -7,6 +7,7 @@
 //! - [`leader`]: leader election on a Lease and the write fence;
 //! - [`metrics`]: Prometheus metrics, `/healthz`, `/readyz`.
 
+pub mod allocator;
 pub mod client;
 pub mod controller;
 pub mod leader;

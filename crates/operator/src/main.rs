@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use saferollout_operator::{client, controller, leader, metrics};
+use saferollout_operator::{allocator, client, controller, leader, metrics};
 use tracing_subscriber::EnvFilter;
 
 // Feature `system-allocator`: the C library's malloc, for heap profilers
@@ -97,6 +97,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads))
+        .on_thread_unpark(allocator::steady_work_on_this_thread)
         .enable_all()
         .build()?
         .block_on(run(args))

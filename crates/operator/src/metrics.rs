@@ -131,7 +131,7 @@ pub struct Metrics {
     /// merge into one reconcile, so these count at least the reconciles.
     pub wakes: Family<CauseLabels, Counter>,
     pub leader: Gauge,
-    /// jemalloc's byte counts, read at each scrape ([`allocator_bytes`]).
+    /// jemalloc's byte counts, read at each scrape ([`crate::allocator::bytes`]).
     allocator: Family<AllocatorLabels, Gauge>,
     /// Gates with a `gate_result` series, per rollout (so stale ones go).
     gate_series: std::sync::Mutex<std::collections::HashMap<RolloutLabels, Vec<String>>>,
@@ -489,7 +489,7 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
-        for (kind, bytes) in allocator_bytes() {
+        for (kind, bytes) in crate::allocator::bytes() {
             self.allocator
                 .get_or_create(&AllocatorLabels { kind })
                 .set(i64::try_from(bytes).unwrap_or(i64::MAX));
@@ -540,34 +540,6 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) -> 
         );
     axum::serve(listener, app).await?;
     Ok(())
-}
-
-/// jemalloc's statistics, refreshed (they are cached until the epoch moves):
-/// what the process's RSS is made of. Allocated against active is the
-/// fragmentation of partly used pages; resident against active plus
-/// metadata is freed memory not yet returned to the kernel. Empty when the
-/// operator runs on the C library's malloc (feature `system-allocator`) or a
-/// read fails.
-fn allocator_bytes() -> Vec<(&'static str, usize)> {
-    #[cfg(not(feature = "system-allocator"))]
-    {
-        use tikv_jemalloc_ctl::{epoch, stats};
-        if epoch::advance().is_err() {
-            return Vec::new();
-        }
-        let read = [
-            ("allocated", stats::allocated::read()),
-            ("active", stats::active::read()),
-            ("resident", stats::resident::read()),
-            ("metadata", stats::metadata::read()),
-            ("retained", stats::retained::read()),
-        ];
-        read.into_iter()
-            .filter_map(|(kind, bytes)| Some((kind, bytes.ok()?)))
-            .collect()
-    }
-    #[cfg(feature = "system-allocator")]
-    Vec::new()
 }
 
 #[cfg(test)]

@@ -394,6 +394,7 @@ async fn report_synced(caches: Arc<Caches>, tx: tokio::sync::watch::Sender<bool>
     }
     let _ = caches.nodes.wait_until_ready().await;
     super::devices::wait_synced(&caches.devices).await;
+    crate::allocator::caches_listed();
     let _ = tx.send(true);
 }
 

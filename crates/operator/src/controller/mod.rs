@@ -187,6 +187,9 @@ fn is_stale(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> bool {
 
 pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeue> {
     let started = Instant::now();
+    // Passes run on the thread polling the work queue (the runtime's main
+    // thread, not a worker): its thread cache goes too (see `allocator`).
+    crate::allocator::steady_work_on_this_thread();
     let key = key_of(&sr)?;
     if !ctx.fence.is_open() {
         return Err(Error::NotLeader);
