@@ -12,7 +12,7 @@
 //! or node version, decoded on a worker) and the passes' short-lived ones
 //! end up mixed in the same pages, which stay in use while any object in
 //! them lives. With every thread cache off the partly used pages stayed at
-//! 2.5-3.4 MiB and the peak was 58.6 MiB, but the start-up, which decodes
+//! 2.5-3.6 MiB and the peak was 58.6 MiB, but the start-up, which decodes
 //! every node and pod at once, took 4.0 s to the first status write against
 //! 2.0 (one run each); so the thread caches stay on until the caches have
 //! listed (bench/results/2026-12-05-tcache.md).
