@@ -42,21 +42,21 @@ pub fn steady_work_on_this_thread() {
         return;
     }
     THREAD_CACHE_OFF.set(true);
-    set_thread_cache(false);
+    turn_thread_cache_off();
 }
 
 #[cfg(not(feature = "system-allocator"))]
-fn set_thread_cache(on: bool) {
+fn turn_thread_cache_off() {
     // SAFETY: `thread.tcache.enabled` is a documented read-write bool of
     // the calling thread; flushing it on disable is jemalloc's to do.
-    let r = unsafe { tikv_jemalloc_ctl::raw::write(b"thread.tcache.enabled\0", on) };
+    let r = unsafe { tikv_jemalloc_ctl::raw::write(b"thread.tcache.enabled\0", false) };
     if let Err(e) = r {
-        tracing::debug!(error = %e, "could not set the allocator's thread cache");
+        tracing::debug!(error = %e, "could not turn the allocator's thread cache off");
     }
 }
 
 #[cfg(feature = "system-allocator")]
-fn set_thread_cache(_on: bool) {}
+fn turn_thread_cache_off() {}
 
 /// jemalloc's statistics, refreshed (they are cached until the epoch moves):
 /// what the process's RSS is made of. Allocated against active is the

@@ -550,8 +550,18 @@ mod tests {
 
     use super::*;
 
+    // With the C library's malloc there are no jemalloc counts to read.
+    #[cfg(not(feature = "system-allocator"))]
     #[test]
     fn the_allocator_counts_are_read_at_each_scrape() {
+        use std::alloc::{GlobalAlloc, Layout};
+        let allocated = |text: &str| -> i64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix("saferollout_allocator_bytes{kind=\"allocated\"} "))
+                .expect("allocated in the scrape")
+                .parse()
+                .unwrap()
+        };
         let m = Metrics::default();
         let text = m.encode();
         for kind in ["allocated", "active", "resident", "metadata", "retained"] {
@@ -560,14 +570,20 @@ mod tests {
                 "{kind} missing from:\n{text}"
             );
         }
-        // The test binary allocates through jemalloc only what this reads:
-        // nothing asserts on the amounts but that they are read anew.
-        let resident = |t: &str| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("saferollout_allocator_bytes{kind=\"resident\"} "))
-                .map(str::to_string)
-        };
-        assert!(resident(&text).is_some());
+        // The test binary's global allocator is not jemalloc: 4 MiB taken
+        // from jemalloc directly must show at the next scrape, and be gone
+        // from the one after it is freed.
+        let before = allocated(&text);
+        let layout = Layout::from_size_align(4 << 20, 8).unwrap();
+        // SAFETY: a non-zero layout, freed below with the same layout.
+        let block = unsafe { tikv_jemallocator::Jemalloc.alloc(layout) };
+        assert!(!block.is_null());
+        let during = allocated(&m.encode());
+        // SAFETY: allocated above by the same allocator with this layout.
+        unsafe { tikv_jemallocator::Jemalloc.dealloc(block, layout) };
+        let after = allocated(&m.encode());
+        assert!(during >= before + (4 << 20), "{before} then {during}");
+        assert!(after < during, "{during} then {after}");
     }
 
     #[test]
