@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus};
+use saferollout_api::{Phase, ROLLOUT_LABEL, STAGE_LABEL, SafeRollout, SafeRolloutStatus};
 use saferollout_testkit::{wait_for_all, wait_for_object};
 use serde_json::{Value, json};
 
@@ -357,6 +357,39 @@ pub async fn label_nodes(
             }
         })
         .buffer_unordered(parallel)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Label patches in flight at once: as the operator's label writer
+/// (`crates/operator/src/controller/labels.rs`).
+const STAGE_LABEL_WRITES: usize = 32;
+
+/// Writes the labels saferollout's first stage puts on each of `nodes`
+/// (`saferollout.dev/stage: "0"`, `saferollout.dev/rollout: <rollout_id>`),
+/// or with `None` removes them, with the operator's patch: a metadata merge
+/// patch per node, [`STAGE_LABEL_WRITES`] in flight.
+pub async fn write_stage_labels(
+    client: &Client,
+    nodes: &[String],
+    rollout_id: Option<&str>,
+) -> anyhow::Result<()> {
+    let patch = match rollout_id {
+        Some(id) => json!({"metadata": {"labels": {STAGE_LABEL: "0", ROLLOUT_LABEL: id}}}),
+        None => json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}}),
+    };
+    let api: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(nodes.iter().cloned())
+        .map(|node| {
+            let (api, patch) = (api.clone(), patch.clone());
+            async move {
+                api.patch_metadata(&node, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .with_context(|| format!("writing the stage labels of node {node}"))
+            }
+        })
+        .buffer_unordered(STAGE_LABEL_WRITES)
         .try_collect::<Vec<_>>()
         .await?;
     Ok(())

@@ -66,7 +66,9 @@ struct Args {
     #[arg(long)]
     k1_max_nodes: Option<usize>,
     /// The overhead runs, in order: `native:K` or `saferollout:K:STAGES`
-    /// (stages separated by `/`). Default: native and saferollout at K = 1,
+    /// (stages separated by `/`), or the control `native-labelled:K` (the
+    /// native rollout while the benchmark writes the labels saferollout's
+    /// 100% stage puts on every node). Default: native and saferollout at K = 1,
     /// then at K = 10%, then saferollout staged 1/10%/50%/100% at K = 10%.
     #[arg(
         long,
@@ -141,7 +143,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .find(|r| parse_overhead_run(r).is_none())
     {
-        bail!("--overhead-runs: {bad:?} is not native:K or saferollout:K:STAGES");
+        bail!(
+            "--overhead-runs: {bad:?} is not native:K, native-labelled:K or saferollout:K:STAGES"
+        );
     }
     for s in &args.scenarios {
         if !["overhead", "reaction", "multi"].contains(&s.as_str()) {
@@ -272,8 +276,8 @@ async fn run_size(
             for (i, (mode, k, stages)) in runs.iter().enumerate() {
                 let (mode, k) = (*mode, *k);
                 let repeat = runs[..i].iter().filter(|r| *r == &runs[i]).count();
-                let run = if mode == "native" {
-                    overhead::native(&ctx, k).await
+                let run = if mode != "saferollout" {
+                    overhead::native(&ctx, k, mode == "native-labelled").await
                 } else {
                     overhead::saferollout(&ctx, k, stages, repeat).await
                 };
@@ -348,7 +352,8 @@ async fn run_size(
     Ok(size)
 }
 
-/// `native:K` or `saferollout:K:S1/S2/...` as (mode, K, stages).
+/// `native:K`, `native-labelled:K` or `saferollout:K:S1/S2/...` as (mode,
+/// K, stages).
 fn parse_overhead_run(run: &str) -> Option<(&str, &str, Vec<&str>)> {
     let mut parts = run.splitn(3, ':');
     let (mode, k) = (parts.next()?, parts.next()?);
@@ -356,7 +361,7 @@ fn parse_overhead_run(run: &str) -> Option<(&str, &str, Vec<&str>)> {
         return None;
     }
     match (mode, parts.next()) {
-        ("native", None) => Some((mode, k, vec![])),
+        ("native" | "native-labelled", None) => Some((mode, k, vec![])),
         ("saferollout", Some(stages)) if !stages.is_empty() => {
             Some((mode, k, stages.split('/').collect()))
         }
@@ -408,6 +413,10 @@ mod tests {
             Some(("native", "1", vec![]))
         );
         assert_eq!(
+            parse_overhead_run("native-labelled:10%"),
+            Some(("native-labelled", "10%", vec![]))
+        );
+        assert_eq!(
             parse_overhead_run("saferollout:10%:1/10%/100%"),
             Some(("saferollout", "10%", vec!["1", "10%", "100%"]))
         );
@@ -415,6 +424,7 @@ mod tests {
             "native",
             "native:",
             "native:1:100%",
+            "native-labelled:1:100%",
             "saferollout:1",
             "saferollout:1:",
             "other:1",

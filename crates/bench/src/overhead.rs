@@ -75,6 +75,7 @@ pub async fn recover(ctx: &Ctx) -> anyhow::Result<()> {
         k8s::plugin_template(RESOURCE, &image),
         Some(k8s::rolling_update("10%")),
         None,
+        false,
         rollout_timeout(ctx, "10%"),
     )
     .await?;
@@ -123,16 +124,20 @@ struct Timed {
     done: Timestamp,
     /// CPU seconds of each cluster component from the write to `done`.
     cluster_cpu: Vec<(String, f64)>,
+    /// With `labels`: from the template write to the last label written.
+    labels_secs: Option<f64>,
 }
 
 /// Writes `template` (and `strategy`) to the DaemonSet and times it until its
 /// status is complete and, with `rollout`, the SafeRollout Succeeded on a
-/// new stable revision.
+/// new stable revision. With `labels`, every node gets a stage's labels from
+/// the template write on, as the operator's label writer would write them.
 async fn timed_update(
     ctx: &Ctx,
     template: Value,
     strategy: Option<Value>,
     rollout: Option<&str>,
+    labels: bool,
     timeout: Duration,
 ) -> anyhow::Result<Timed> {
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -169,6 +174,14 @@ async fn timed_update(
     let cpu_before = ctx.cluster.component_stats()?;
     let t0 = Timestamp::now();
     let generation = k8s::set_daemonset(&ctx.client, NS, DS, template, strategy).await?;
+    let mut labelling = Abort(Vec::new());
+    if labels {
+        let (client, nodes) = (ctx.client.clone(), ctx.node_names.clone());
+        labelling.0.push(tokio::spawn(async move {
+            k8s::write_stage_labels(&client, &nodes, Some(CONTROL_ROLLOUT_ID)).await?;
+            anyhow::Ok(Timestamp::now())
+        }));
+    }
     let deadline = tokio::time::Instant::now() + timeout;
     let mut ds_done = None;
     let mut sr_done = None;
@@ -230,6 +243,10 @@ async fn timed_update(
             (name, after.cpu_secs - before)
         })
         .collect();
+    let labels_secs = match labelling.0.first_mut() {
+        Some(task) => Some(secs(t0, task.await??)),
+        None => None,
+    };
     let ds_done = ds_done.unwrap_or(t0);
     let done = sr_done.map_or(ds_done, |s| s.max(ds_done));
     Ok(Timed {
@@ -239,12 +256,14 @@ async fn timed_update(
         stage_nodes,
         done,
         cluster_cpu,
+        labels_secs,
     })
 }
 
-struct Abort(Vec<tokio::task::JoinHandle<()>>);
+/// Tasks aborted when the timed run ends early (an error, a timeout).
+struct Abort<T = ()>(Vec<tokio::task::JoinHandle<T>>);
 
-impl Drop for Abort {
+impl<T> Drop for Abort<T> {
     fn drop(&mut self) {
         for t in &self.0 {
             t.abort();
@@ -262,10 +281,29 @@ fn rollout_timeout(ctx: &Ctx, max_unavailable: &str) -> Duration {
     Duration::from_secs(300 + 3 * batches)
 }
 
+/// The value of `saferollout.dev/rollout` on the nodes the `native-labelled`
+/// control labels: no SafeRollout has this id (no operator runs then anyway).
+const CONTROL_ROLLOUT_ID: &str = "bench-control";
+
 /// The DaemonSet controller rolls a new template out (no operator runs).
-pub async fn native(ctx: &Ctx, max_unavailable: &str) -> anyhow::Result<RolloutRun> {
+///
+/// `labelled` is the control run `native-labelled`: meanwhile the benchmark
+/// writes the labels saferollout's one 100% stage puts on every node (same
+/// patch, same writes in flight as the operator's label writer), so a reader
+/// can tell what those writes alone cost the machine. They are removed after
+/// the timed run, as the operator removes them after `Succeeded`.
+pub async fn native(
+    ctx: &Ctx,
+    max_unavailable: &str,
+    labelled: bool,
+) -> anyhow::Result<RolloutRun> {
+    let mode = if labelled {
+        "native-labelled"
+    } else {
+        "native"
+    };
     eprintln!(
-        "bench: {} nodes: native RollingUpdate, maxUnavailable {max_unavailable}",
+        "bench: {} nodes: {mode} RollingUpdate, maxUnavailable {max_unavailable}",
         ctx.nodes
     );
     let image = ctx.image("");
@@ -274,14 +312,21 @@ pub async fn native(ctx: &Ctx, max_unavailable: &str) -> anyhow::Result<RolloutR
         k8s::plugin_template(RESOURCE, &image),
         Some(k8s::rolling_update(max_unavailable)),
         None,
+        labelled,
         rollout_timeout(ctx, max_unavailable),
     )
-    .await?;
+    .await;
+    if labelled {
+        // Also after a failed run: the labels would stay on every node.
+        k8s::write_stage_labels(&ctx.client, &ctx.node_names, None).await?;
+    }
+    let t = t?;
     // The next run starts from every node advertising again.
     k8s::wait_nodes_advertise(&ctx.client, RESOURCE, ctx.nodes, Duration::from_secs(300)).await?;
-    eprintln!("bench:   native done in {:.1}s", t.ds_secs);
+    eprintln!("bench:   {mode} done in {:.1}s", t.ds_secs);
     Ok(RolloutRun {
-        mode: "native".into(),
+        mode: mode.into(),
+        labels_secs: t.labels_secs,
         max_unavailable: max_unavailable.into(),
         stages: String::new(),
         daemonset_complete_secs: t.ds_secs,
@@ -338,6 +383,7 @@ pub async fn saferollout(
         k8s::plugin_template(RESOURCE, &image),
         None,
         Some(name),
+        false,
         rollout_timeout(ctx, max_unavailable),
     )
     .await?;
@@ -376,5 +422,6 @@ pub async fn saferollout(
         stage_requests,
         timed_secs: t.sr_secs.unwrap_or(t.ds_secs).max(t.ds_secs),
         cluster_cpu: t.cluster_cpu,
+        labels_secs: None,
     })
 }

@@ -54,6 +54,79 @@ pub fn pairs(s: &SizeResult) -> Vec<(&RolloutRun, &RolloutRun)> {
     out
 }
 
+/// Each control run (`native-labelled`) with the native and the
+/// single-stage saferollout run of its maxUnavailable it is compared with:
+/// the n-th control of a K with the n-th of each.
+pub fn controls(s: &SizeResult) -> Vec<(&RolloutRun, Option<&RolloutRun>, Option<&RolloutRun>)> {
+    let nth = |mode: &str, k: &str, n: usize| {
+        s.rollouts
+            .iter()
+            .filter(|r| r.mode == mode && r.max_unavailable == k)
+            .filter(|r| mode != "saferollout" || r.stages == "100%")
+            .nth(n)
+    };
+    let labelled: Vec<&RolloutRun> = s
+        .rollouts
+        .iter()
+        .filter(|r| r.mode == "native-labelled")
+        .collect();
+    labelled
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let k = c.max_unavailable.as_str();
+            let n = labelled[..i]
+                .iter()
+                .filter(|x| x.max_unavailable == k)
+                .count();
+            (*c, nth("native", k, n), nth("saferollout", k, n))
+        })
+        .collect()
+}
+
+/// The control table: what the stage's node label writes alone cost the
+/// native rollout on this machine, against what saferollout took.
+fn controls_table(out: &mut String, r: &Results) {
+    if r.sizes.iter().all(|s| controls(s).is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Control: the native `RollingUpdate` again while the benchmark writes the labels saferollout's \
+         100% stage puts on every node (`saferollout.dev/stage`, `saferollout.dev/rollout`; the operator's \
+         patch, 32 in flight like its label writer), from the template write on; removed after the timed \
+         run, as the operator removes them after `Succeeded`. It tells what those writes alone cost the \
+         rollout on this machine; the last column is what saferollout costs beyond them.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| nodes | maxUnavailable | native (s) | native with the labels (s) | labels written in (s) | saferollout net (s) | labelled / native | saferollout / labelled |\n|---|---|---|---|---|---|---|---|"
+    );
+    for s in &r.sizes {
+        for (c, native, sr) in controls(s) {
+            let labelled = c.daemonset_complete_secs;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                s.nodes,
+                c.max_unavailable,
+                opt(native.map(|n| n.daemonset_complete_secs), f1),
+                f1(labelled),
+                opt(c.labels_secs, f1),
+                opt(sr.and_then(net), f1),
+                opt(
+                    native.map(|n| labelled / n.daemonset_complete_secs),
+                    |x| format!("{x:.2}x")
+                ),
+                opt(sr.and_then(net).map(|t| t / labelled), |x| format!(
+                    "{x:.2}x"
+                )),
+            );
+        }
+    }
+    let _ = writeln!(out);
+}
+
 /// saferollout's time to Succeeded, its soak by design subtracted, over the
 /// native time to a complete DaemonSet.
 pub fn ratio(native: &RolloutRun, sr: &RolloutRun) -> Option<f64> {
@@ -354,6 +427,7 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
         }
     }
     let _ = writeln!(out);
+    controls_table(&mut out, r);
     cluster_cpu_table(&mut out, r);
 
     let _ = writeln!(out, "## Reaction time\n");
@@ -649,6 +723,7 @@ mod tests {
             stage_requests: Vec::new(),
             cluster_cpu: cpu.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
             timed_secs: secs,
+            labels_secs: None,
         }
     }
 
@@ -714,6 +789,53 @@ mod tests {
             .map(|(n, r)| (n.daemonset_complete_secs, r.daemonset_complete_secs))
             .collect();
         assert_eq!(got, [(65.0, 66.0), (67.0, 73.0), (29.0, 39.0)]);
+    }
+
+    #[test]
+    fn a_control_run_compares_with_the_native_and_saferollout_runs_of_its_order() {
+        let sr = |k: &str, secs: f64| RolloutRun {
+            stages: "100%".into(),
+            succeeded_secs: Some(secs),
+            soak_secs: 2.0,
+            ..run("saferollout", k, secs, &[])
+        };
+        let labelled = |k: &str, secs: f64| RolloutRun {
+            labels_secs: Some(4.0),
+            ..run("native-labelled", k, secs, &[])
+        };
+        let mut r = Results::default();
+        r.sizes.push(SizeResult {
+            nodes: 1000,
+            rollouts: vec![
+                run("native", "10%", 20.0, &[]),
+                labelled("10%", 25.0),
+                sr("10%", 32.0),
+                run("native", "10%", 24.0, &[]),
+                // A staged run is not the one compared.
+                RolloutRun {
+                    stages: "1,100%".into(),
+                    ..sr("10%", 90.0)
+                },
+                labelled("10%", 27.0),
+                // The second control has no saferollout run: no ratio to it.
+            ],
+            ..Default::default()
+        });
+        let mut out = String::new();
+        controls_table(&mut out, &r);
+        let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| 1000")).collect();
+        assert_eq!(
+            rows,
+            [
+                "| 1000 | 10% | 20.0 | 25.0 | 4.0 | 30.0 | 1.25x | 1.20x |",
+                "| 1000 | 10% | 24.0 | 27.0 | 4.0 | - | 1.12x | - |",
+            ]
+        );
+        // No control run, no table.
+        r.sizes[0].rollouts.retain(|x| x.mode != "native-labelled");
+        let mut out = String::new();
+        controls_table(&mut out, &r);
+        assert_eq!(out, "");
     }
 
     #[test]

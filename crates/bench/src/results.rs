@@ -59,7 +59,8 @@ pub struct Component {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RolloutRun {
-    /// `native` or `saferollout`.
+    /// `native`, `saferollout`, or the control `native-labelled` (native
+    /// while the benchmark writes the stage labels saferollout would).
     pub mode: String,
     /// maxUnavailable: `1` or a percentage.
     pub max_unavailable: String,
@@ -84,6 +85,9 @@ pub struct RolloutRun {
     pub cluster_cpu: Vec<(String, f64)>,
     #[serde(default)]
     pub timed_secs: f64,
+    /// `native-labelled`: from the template write to the last label written.
+    #[serde(default)]
+    pub labels_secs: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
