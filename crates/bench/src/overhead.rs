@@ -52,7 +52,9 @@ pub async fn setup(ctx: &Ctx) -> anyhow::Result<()> {
 /// drops allocatable once no plugin runs and advertises again once the new
 /// one does), which a gate without soak takes for lost devices (seen at 100
 /// nodes, maxUnavailable 10%). Each stage's gate then passes only after
-/// holding for the soak, so the soak is subtracted once per stage.
+/// holding for the soak, so the soak is subtracted once per stage (2 s: the
+/// up to a second more from its start rounded up to a whole second stays in
+/// saferollout's time).
 pub const OVERHEAD_SOAK: &str = "2s";
 const OVERHEAD_SOAK_SECS: f64 = 2.0;
 

@@ -389,7 +389,10 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
          SafeRollout `Succeeded`. The allocatable gate soaks 2 s: without soak it falsely reverted healthy \
          releases here (a replaced plugin's node reads 0 devices for a moment after its new pod turns \
          Ready). A stage passes only after its gates held for the soak, so the ratio uses `Succeeded` less \
-         2 s per stage (the net column). The staged row (1, 10%, 50%, 100%) is for reference.\n"
+         2 s per stage (the net column). The soak starts at the whole second after the gate first sees \
+         every node within bounds (the status keeps whole seconds), so it lasts 2-3 s: the net charges \
+         saferollout that rounding, half a second a stage on average. The staged row (1, 10%, 50%, 100%) \
+         is for reference.\n"
     );
     let _ = writeln!(
         out,

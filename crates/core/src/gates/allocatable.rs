@@ -17,11 +17,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{AllocatableGate, Bound, GATE_ALLOCATABLE, GateResult, GateStatus, count_of};
 
-use super::{Snapshot, Verdict, elapsed, list_some, result};
+use super::{Snapshot, Verdict, list_some, result, soak};
 
 pub fn gate_name(resource: &str) -> String {
     format!("{GATE_ALLOCATABLE}/{resource}")
@@ -154,13 +153,13 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
             ));
         }
     };
-    // The observation keeps its start time while it stays the same (same reason, same node).
-    let since_for = |reason: &str, node: Option<&str>| -> Timestamp {
-        previous
-            .filter(|p| p.reason == reason && p.node.as_deref() == node)
-            .and_then(|p| p.since.as_ref().map(|t| t.0))
-            .unwrap_or(snap.now)
-    };
+    // The observation keeps its start time while it stays the same (same
+    // reason, same node); a new one starts at the next whole second, which
+    // the status keeps exactly (see `soak::since`: started at now, it was
+    // written as the whole second before and the soak cut short by up to a
+    // second, a 2 s soak passing after 1.0-1.6 s in the benchmark).
+    let since_for =
+        |reason: &str, node: Option<&str>| soak::since(previous, reason, node, snap.now);
     let deadline_passed = snap.deadline_passed();
     match observe(gate, &min, &max, snap, previous) {
         Observation::AwaitingPods(nodes) => {
@@ -180,8 +179,8 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
         }
         Observation::InBounds => {
             let since = since_for("WithinBounds", None);
-            let held = elapsed(since, snap.now);
-            let (status, reason, message) = if held >= soak {
+            let left = soak::remaining(since, snap.now, soak);
+            let (status, reason, message) = if left.is_none() {
                 (
                     GateStatus::Passed,
                     "WithinBounds",
@@ -222,14 +221,14 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
                 since
             }));
             Verdict {
-                recheck_after: (status == GateStatus::Pending).then(|| soak.saturating_sub(held)),
+                recheck_after: left.filter(|_| status == GateStatus::Pending),
                 ..Verdict::new(r)
             }
         }
         Observation::OutOfBounds(v, violating) => {
             let since = since_for(v.reason, Some(&v.node));
-            let held = elapsed(since, snap.now);
-            let status = if held >= soak || deadline_passed {
+            let left = soak::remaining(since, snap.now, soak);
+            let status = if left.is_none() || deadline_passed {
                 GateStatus::Failed
             } else {
                 GateStatus::Pending
@@ -258,7 +257,7 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
             r.since = Some(Time(since));
             Verdict {
                 violating,
-                recheck_after: (status == GateStatus::Pending).then(|| soak.saturating_sub(held)),
+                recheck_after: left.filter(|_| status == GateStatus::Pending),
                 ..Verdict::new(r)
             }
         }
@@ -304,6 +303,39 @@ mod tests {
         );
         w.now = ts(110);
         assert_eq!(eval(&g, &w, Some(&first)).result.status, GateStatus::Passed);
+    }
+
+    #[test]
+    fn a_soak_read_back_from_the_status_lasts_its_full_length() {
+        // Regression: a soak that started at 100.7 s was stored as 100 s (the
+        // status keeps whole seconds) and a 2 s soak passed at 102.0 s.
+        let stored = |r: &GateResult| -> GateResult {
+            serde_json::from_value(serde_json::to_value(r).unwrap()).unwrap()
+        };
+        let mut w = World::healthy(2, 8);
+        let g = gate("baseline", "baseline", "2s");
+        let start = ts(100) + jiff::SignedDuration::from_millis(700);
+        w.now = start;
+        let mut prev = stored(&eval(&g, &w, None).result);
+        let mut passed_after = None;
+        for ms in (100..=4_000).step_by(100) {
+            w.now = start + jiff::SignedDuration::from_millis(ms);
+            let v = eval(&g, &w, Some(&prev));
+            if v.result.status == GateStatus::Passed {
+                passed_after = Some(ms);
+                break;
+            }
+            assert_eq!(v.result.status, GateStatus::Pending);
+            // The pass asks to be woken when the soak ends, not before.
+            let wake = w.now + jiff::SignedDuration::try_from(v.recheck_after.unwrap()).unwrap();
+            assert_eq!(wake, ts(103), "at +{ms} ms");
+            prev = stored(&v.result);
+        }
+        assert_eq!(
+            passed_after,
+            Some(2_300),
+            "passes at the first whole second 2 s on"
+        );
     }
 
     #[test]

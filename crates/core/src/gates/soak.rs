@@ -27,7 +27,10 @@ pub fn since(
         .unwrap_or_else(|| whole_second_up(now))
 }
 
-fn whole_second_up(t: Timestamp) -> Timestamp {
+/// `t` rounded up to the next whole second (unchanged when whole): the
+/// status keeps times in whole seconds, so a soak or a wait that starts at a
+/// time the status records must start at one it can keep.
+pub fn whole_second_up(t: Timestamp) -> Timestamp {
     if t.subsec_nanosecond() == 0 {
         return t;
     }
@@ -35,10 +38,12 @@ fn whole_second_up(t: Timestamp) -> Timestamp {
 }
 
 /// How long is left of `soak` for an observation held since `since`, or
-/// `None` once it has held long enough.
+/// `None` once it has held long enough. A `since` still ahead (rounded up to
+/// its whole second) counts in full: the soak ends at `since + soak`.
 pub fn remaining(since: Timestamp, now: Timestamp, soak: Duration) -> Option<Duration> {
+    let ahead = elapsed(now, since);
     let held = elapsed(since, now);
-    (held < soak).then(|| soak - held)
+    (held < soak).then(|| soak - held + ahead)
 }
 
 #[cfg(test)]
@@ -51,11 +56,17 @@ mod tests {
             Timestamp::from_second(1_800_000_000).unwrap() + jiff::SignedDuration::from_millis(300);
         let s = since(None, "X", None, now);
         assert_eq!(s, Timestamp::from_second(1_800_000_001).unwrap());
-        // Not held yet, and the soak runs for at least its length.
+        // Not held yet: the soak runs for its length from that second.
         assert_eq!(
             remaining(s, now, Duration::from_secs(2)),
-            Some(Duration::from_secs(2))
+            Some(Duration::from_millis(2_700))
         );
+        let at = |ms| now + jiff::SignedDuration::from_millis(ms);
+        assert_eq!(
+            remaining(s, at(2_600), Duration::from_secs(2)),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(remaining(s, at(2_700), Duration::from_secs(2)), None);
         let whole = Timestamp::from_second(1_800_000_005).unwrap();
         assert_eq!(since(None, "X", None, whole), whole);
     }

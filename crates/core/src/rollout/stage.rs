@@ -31,7 +31,7 @@ use super::{
 };
 use crate::conditions::{self, DEGRADED, PREFLIGHT_PASSED};
 use crate::eligibility::eligibility;
-use crate::gates::{self, Snapshot, Verdict, elapsed};
+use crate::gates::{self, Snapshot, Verdict};
 use crate::plan::{self, PlanError};
 use crate::views::{DaemonSetView, live_pods};
 
@@ -659,12 +659,17 @@ fn advance(
     target: &str,
 ) -> Option<Duration> {
     let stage = &mut st.stages[stage_pos];
-    let verified_at = stage.verified_at.get_or_insert(Time(o.now)).clone();
+    // Rounded up: the status keeps whole seconds, and a soak started at now
+    // would read back as started up to a second earlier and end that much
+    // too soon.
+    let verified_at = stage
+        .verified_at
+        .get_or_insert_with(|| Time(gates::soak::whole_second_up(o.now)))
+        .clone();
     let soak = stage_spec.soak.to_std().unwrap_or_default();
-    let soaked = elapsed(verified_at.0, o.now);
-    if soaked < soak {
+    if let Some(left) = gates::soak::remaining(verified_at.0, o.now, soak) {
         stage.state = StageState::Soaking;
-        return Some(soak - soaked);
+        return Some(left);
     }
     // An approval names the revision and the stage, so one left on the object
     // never approves a later rollout.

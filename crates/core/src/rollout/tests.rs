@@ -605,6 +605,64 @@ fn stage_soak_holds_the_next_stage() {
     no_violations(&m);
 }
 
+/// The status keeps whole seconds: what the API server stores and the
+/// next pass reads.
+fn as_stored(status: &SafeRolloutStatus) -> SafeRolloutStatus {
+    serde_json::from_value(serde_json::to_value(status).unwrap()).unwrap()
+}
+
+#[test]
+fn a_stage_soak_read_back_from_the_status_lasts_its_full_length() {
+    // Regression: the soak started at the pass's time, which the status
+    // kept as the whole second before, so it ended up to a second early.
+    let mut m = settled(4);
+    m.spec.stages = Some(vec![
+        Stage {
+            soak: DurationString::new("3s"),
+            ..Stage::new(IntOrString::Int(1))
+        },
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    m.write_revision("v2", Release::Healthy);
+    // Every pass from here on at .7 of a second.
+    m.now += jiff::SignedDuration::from_millis(700);
+    let mut verified = None;
+    for _ in 0..40 {
+        let at = m.now;
+        m.one_reconcile(); // one pass, then a second of the cluster
+        m.status = as_stored(&m.status);
+        if m.status
+            .stages
+            .first()
+            .is_some_and(|s| s.verified_at.is_some())
+        {
+            verified = Some(at);
+            break;
+        }
+    }
+    let verified = verified.expect("stage 1 verified");
+    assert_eq!(m.status.stages[0].state, StageState::Soaking);
+    // Passes every 100 ms, nothing else moving.
+    let mut passed = None;
+    for _ in 0..60 {
+        m.now += jiff::SignedDuration::from_millis(100);
+        m.reconcile(Lag::default(), Losses::default())
+            .expect("caches are fresh");
+        m.status = as_stored(&m.status);
+        if m.status.stages[0].state == StageState::Passed {
+            passed = Some(m.now);
+            break;
+        }
+        assert_eq!(m.status.stages[0].state, StageState::Soaking);
+    }
+    let after = passed.expect("stage 1 passed").duration_since(verified);
+    // At least the soak; at most a second more (its start is rounded up).
+    assert!(
+        after >= jiff::SignedDuration::from_secs(3) && after < jiff::SignedDuration::from_secs(4),
+        "stage 1 passed {after:?} after it was verified at {verified}"
+    );
+}
+
 #[test]
 fn gitops_applies_spec_template_and_rolls_it() {
     let mut m = settled(4);
