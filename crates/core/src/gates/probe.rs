@@ -40,7 +40,7 @@ use saferollout_api::{
 use sha2::{Digest, Sha256};
 
 use super::proof::{ProbePod, clean_line};
-use super::{Snapshot, Verdict, elapsed, list_some, result};
+use super::{Snapshot, Verdict, elapsed, list_some, result, soak};
 use crate::eligibility::tolerates;
 
 pub const NAME: &str = GATE_PROBE;
@@ -291,7 +291,9 @@ pub fn step(
                     "probe pod {name} on node {node} is created {} after the agent is Ready",
                     gate.delay.as_str()
                 ),
-                since: Time(snap.now),
+                // Whole seconds, rounded up, as the status keeps them: the
+                // delay lasts at least as long as it says (`soak::since`).
+                since: Time(soak::whole_second_up(snap.now)),
             };
             let pos = stages
                 .iter()
@@ -314,21 +316,18 @@ pub fn step(
             let ready = snap.target_pod(node).is_some_and(|p| p.running && p.ready);
             if !ready || violating.contains(node) {
                 // The delay starts again once the node is fit again.
-                record.since = Time(snap.now);
+                record.since = Time(soak::whole_second_up(snap.now));
                 awaiting.push(node.clone());
                 continue;
             }
-            let waited = elapsed(record.since.0, snap.now);
-            let wait = delay(gate);
-            if waited < wait {
-                let left = wait - waited;
+            if let Some(left) = soak::remaining(record.since.0, snap.now, delay(gate)) {
                 recheck = Some(recheck.map_or(left, |r| r.min(left)));
                 running.push(node.clone());
                 continue;
             }
             record.reason = "Created".into();
             record.message = format!("probe pod {} asked for on node {node}", record.pod);
-            record.since = Time(snap.now);
+            record.since = Time(soak::whole_second_up(snap.now));
             create.push(ProbeRequest {
                 name: record.pod.clone(),
                 node: node.clone(),
@@ -393,7 +392,7 @@ pub fn step(
                     };
                     record.reason = reason.into();
                     record.message = message;
-                    let left = limit.saturating_sub(age);
+                    let left = soak::remaining(record.since.0, snap.now, limit).unwrap_or_default();
                     recheck = Some(recheck.map_or(left, |r| r.min(left)));
                     if unschedulable {
                         stuck.insert(node.clone());
@@ -823,6 +822,38 @@ mod tests {
             run(&w, &mut st).create.is_empty(),
             "only 2s since fit again"
         );
+    }
+
+    #[test]
+    fn a_delay_read_back_from_the_status_lasts_its_full_length() {
+        // Regression: the delay started at the pass's time, which the status
+        // keeps as the whole second before: it ended up to a second early.
+        let mut w = World::healthy(1, 8);
+        let g = ProbeGate {
+            delay: "5s".into(),
+            ..gate()
+        };
+        let ev = ProofEvidence::default();
+        let run = |w: &World, st: &mut Vec<StageStatus>| {
+            w.with_proof(&ev, |s| step(&g, s, st, 0, "ns.plugin", &[]))
+        };
+        let stored = |st: &[StageStatus]| -> Vec<StageStatus> {
+            serde_json::from_value(serde_json::to_value(st).unwrap()).unwrap()
+        };
+        let start = ts(100) + jiff::SignedDuration::from_millis(600);
+        w.now = start;
+        let mut st = stages(&w);
+        assert!(run(&w, &mut st).create.is_empty());
+        let mut created_after = None;
+        for ms in (100..=7_000).step_by(100) {
+            st = stored(&st);
+            w.now = start + jiff::SignedDuration::from_millis(ms);
+            if !run(&w, &mut st).create.is_empty() {
+                created_after = Some(ms);
+                break;
+            }
+        }
+        assert_eq!(created_after, Some(5_400), "at the whole second 5 s on");
     }
 
     #[test]
