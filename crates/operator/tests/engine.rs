@@ -2,7 +2,8 @@
 //! at a later stage, a Git revert mid-rollout, a node going NotReady during a
 //! revert, a node dying after its agent was replaced, a node joining
 //! mid-rollout, quantities in thousands, a second SafeRollout on one
-//! DaemonSet, and two operator replicas with the leader killed mid-stage.
+//! DaemonSet, two operator replicas with the leader killed mid-stage, and
+//! status writes refused by the API server mid-stage.
 //!
 //! The disruption budget is checked by sampling: a watch on the agent pods
 //! records, at every event, which nodes have no live Ready agent; the largest
@@ -103,6 +104,14 @@ async fn set_template(env: &Env, template: serde_json::Value) -> anyhow::Result<
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"template": template}})),
         )
+        .await?;
+    Ok(())
+}
+
+async fn annotate_remove(env: &Env, key: &str) -> anyhow::Result<()> {
+    let patch = json!({"metadata": {"annotations": {key: null}}});
+    srs(env)
+        .patch("plugin", &PatchParams::default(), &Patch::Merge(patch))
         .await?;
     Ok(())
 }
@@ -839,6 +848,178 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration_and_no_pod_is_del
     assert!(
         most <= 1,
         "maxUnavailable 1 broken across the failover: {when:?}"
+    );
+    Ok(())
+}
+
+/// The value of the counter line `series` (name and labels) on the metrics
+/// of the operator serving them on `port`; 0 before its first increment.
+fn counter(port: u16, series: &str) -> anyhow::Result<f64> {
+    let (code, body) = http_get(port, "/metrics")?;
+    anyhow::ensure!(code == 200, "/metrics answered {code}");
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+const REFUSE_STATUS: &str = "test.saferollout.dev/refuse-status";
+
+/// A ValidatingAdmissionPolicy (and its binding) that refuses, while a
+/// SafeRollout in `ns` is annotated `REFUSE_STATUS` and its stored status
+/// lists the second stage, the status writes that change neither the phase
+/// nor a stage's state (progress, messages, what the gates observe: the
+/// writes the operator sends behind its passes), as an API server that loses
+/// writes would; deleted when dropped.
+struct RefuseStatusWrites(String);
+
+impl RefuseStatusWrites {
+    fn install(ns: &str) -> anyhow::Result<Self> {
+        let name = format!("refuse-status-{ns}");
+        let refused = format!(
+            "has(object.metadata.annotations) && '{REFUSE_STATUS}' in object.metadata.annotations \
+             && has(oldObject.status) && has(oldObject.status.stages) && size(oldObject.status.stages) >= 2 \
+             && has(object.status.stages) && size(object.status.stages) == size(oldObject.status.stages) \
+             && object.status.stages.all(s, oldObject.status.stages.exists(o, o.index == s.index && o.state == s.state)) \
+             && object.status.phase == oldObject.status.phase"
+        );
+        let manifest = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": ["saferollout.dev"], "apiVersions": ["*"],
+                        "operations": ["UPDATE"], "resources": ["saferollouts/status"]
+                    }]},
+                    "validations": [{
+                        "expression": format!("!({refused})"),
+                        "message": "status write refused by the test"
+                    }]
+                }
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+                }
+            }
+        ]});
+        let file = std::env::temp_dir().join(format!("{name}.json"));
+        std::fs::write(&file, manifest.to_string())?;
+        cluster().kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+        Ok(RefuseStatusWrites(name))
+    }
+}
+
+impl Drop for RefuseStatusWrites {
+    fn drop(&mut self) {
+        for kind in [
+            "validatingadmissionpolicybinding",
+            "validatingadmissionpolicy",
+        ] {
+            let _ = cluster().kubectl(&["delete", kind, &self.0, "--ignore-not-found"]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn refused_progress_writes_mid_stage_repeat_and_skip_nothing() -> anyhow::Result<()> {
+    // A status write that goes behind its pass (progress only, beside the
+    // pass's deletions or none) and fails is written again by a later pass,
+    // which decides from the status the API server still has: the refused
+    // writes must cost no double replacement, no budget and no stage.
+    let env = setup("lostwrites").await?;
+    let _refuse = RefuseStatusWrites::install(&env.ns.name)?;
+    let port = free_loopback_port()?;
+    let _op = operator(&env, "lostwrites", 3, port)?;
+    // A release whose agents take the simulator's slow delay (20 s) to turn
+    // Ready: the second stage replaces its three nodes at once and then
+    // waits, in passes that change only progress and what the gates observe.
+    let (v1, v2) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-slow",
+    );
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = json!([{"nodes": 1}, {"nodes": "100%"}]);
+    spec["maxUnavailable"] = json!(3);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    annotate(&env, REFUSE_STATUS, "true").await?;
+
+    let (samples, task) = sample_pods(&env.client, &env.ns.name, four_nodes());
+    let retries = r#"saferollout_wakes_total{cause="status_retry"}"#;
+    let before = counter(port, retries)?;
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    // The second stage is planned: its progress writes are refused from now on.
+    wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.stages.len() == 2
+    })
+    .await?;
+    let refusing = Instant::now();
+    let deadline = refusing + TIMEOUT;
+    while counter(port, retries)? - before < 1.0 {
+        anyhow::ensure!(Instant::now() < deadline, "no status write was refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The stage goes on: its agents turn Ready...
+    wait_agents(&env.client, &env.ns.name, v2).await?;
+    // ...and its gates, within bounds, start a soak each pass that the
+    // status cannot keep: every pass has a new progress write to send. The
+    // retries are counted over five seconds of that (a rate, observed over
+    // a window: nothing here waits for an event).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let refused = counter(port, retries)? - before;
+    let window = refusing.elapsed();
+    // ...but it cannot pass while its gates' soak cannot be recorded (a soak
+    // runs from the status, and that write is refused).
+    let stuck = srs(&env).get("plugin").await?.status.unwrap_or_default();
+    assert_eq!(stuck.current_stage, Some(1), "{stuck:#?}");
+    assert_ne!(stuck.stages[1].state, StageState::Passed, "{stuck:#?}");
+    annotate_remove(&env, REFUSE_STATUS).await?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    task.abort();
+    eprintln!(
+        "MEASURE progress writes refused behind their pass and written again: {refused} in {window:?}"
+    );
+    // Written again after a back-off, not at once: a refused write was
+    // retried about 100 times a second before.
+    assert!(
+        refused <= 2.0 + window.as_secs_f64(),
+        "{refused} retries in {window:?}"
+    );
+    assert!(st.blocked_revisions.is_empty(), "{st:#?}");
+    assert_eq!(st.stages.len(), 2, "{st:#?}");
+    assert!(
+        st.stages.iter().all(|s| s.state == StageState::Passed),
+        "{st:#?}"
+    );
+    let samples = samples.lock().unwrap();
+    let per_node: BTreeMap<&String, usize> = samples
+        .created
+        .iter()
+        .filter(|((_, i), _)| i == v2)
+        .map(|((n, _), c)| (n, *c))
+        .collect();
+    assert_eq!(per_node.len(), 4, "{per_node:?}");
+    assert!(
+        per_node.values().all(|c| *c == 1),
+        "a node was replaced twice: {per_node:?}"
+    );
+    let (most, when) = samples.max_unavailable(&BTreeSet::new());
+    assert!(
+        most <= 3,
+        "maxUnavailable 3 broken while progress writes were refused: {when:?}"
     );
     Ok(())
 }

@@ -65,18 +65,21 @@ impl Error {
     /// (retry at once); a closed write fence retries shortly (the queue ends
     /// with the leadership); anything else backs off.
     pub fn requeue(&self) -> Requeue {
+        Requeue::requeue(self.retry_delay())
+    }
+
+    /// How long to wait before trying again after this error.
+    pub fn retry_delay(&self) -> Duration {
         match self.root() {
-            Error::StaleDaemonSet => Requeue::requeue(Duration::from_millis(200)),
-            Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
-                Requeue::requeue(Duration::from_millis(200))
-            }
+            Error::StaleDaemonSet => Duration::from_millis(200),
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => Duration::from_millis(200),
             Error::Finalizer(f) if matches!(&**f, finalizer::Error::AddFinalizer(kube::Error::Api(s)) | finalizer::Error::RemoveFinalizer(kube::Error::Api(s)) if s.code == 409) => {
-                Requeue::requeue(Duration::from_millis(200))
+                Duration::from_millis(200)
             }
             // The add's JSON-patch test (the finalizers as cached) failed:
             // the cache is behind the object; the next pass reads it fresh.
             Error::Finalizer(f) if matches!(&**f, finalizer::Error::AddFinalizer(kube::Error::Api(s)) if s.code == 422) => {
-                Requeue::requeue(Duration::from_millis(200))
+                Duration::from_millis(200)
             }
             // The fence is closed while this replica leads: the lease is
             // held but its renewal not yet seen (just elected, or the
@@ -87,8 +90,8 @@ impl Error {
             // before the operator started stayed without status for
             // minutes). A replica that stops leading drops its queue, so
             // the retry ends with the leadership.
-            Error::NotLeader => Requeue::requeue(NOT_LEADER_RETRY),
-            _ => Requeue::requeue(Duration::from_secs(5)),
+            Error::NotLeader => NOT_LEADER_RETRY,
+            _ => Duration::from_secs(5),
         }
     }
 }
