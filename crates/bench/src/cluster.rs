@@ -29,13 +29,18 @@ impl Cluster {
         gpus: usize,
         state_dir: &Path,
         audit_policy: Option<&Path>,
+        agent_start_secs: u64,
     ) -> anyhow::Result<Self> {
         let up = repo_root().join("tests/cluster/up");
         let policy = audit_policy.map_or_else(
             || repo_root().join("bench/audit-policy.yaml"),
             Path::to_path_buf,
         );
-        let out = Command::new(&up)
+        let mut command = Command::new(&up);
+        if agent_start_secs > 0 {
+            command.args(["--sim-slow-delay", &format!("{agent_start_secs}s")]);
+        }
+        let out = command
             .args(["--nodes", &nodes.to_string()])
             .args(["--gpus-per-node", &gpus.to_string()])
             .arg("--state-dir")

@@ -19,6 +19,9 @@ pub struct Ctx {
     pub log_dir: PathBuf,
     pub nodes: usize,
     pub node_names: Vec<String>,
+    /// How long each new agent pod of the overhead runs takes to turn Ready
+    /// and advertise (0: at once; else the fixture's `-slow` agents).
+    pub agent_start_secs: u64,
     versions: AtomicUsize,
 }
 
@@ -30,6 +33,7 @@ impl Ctx {
         operator_kubeconfig: PathBuf,
         log_dir: PathBuf,
         node_names: Vec<String>,
+        agent_start_secs: u64,
     ) -> Self {
         Ctx {
             nodes: cluster.nodes,
@@ -39,6 +43,7 @@ impl Ctx {
             operator_kubeconfig,
             log_dir,
             node_names,
+            agent_start_secs,
             versions: AtomicUsize::new(1),
         }
     }
@@ -47,6 +52,16 @@ impl Ctx {
     pub fn image(&self, suffix: &str) -> String {
         let n = self.versions.fetch_add(1, Ordering::Relaxed);
         format!("registry.example/agent:v{n}{suffix}")
+    }
+
+    /// A fresh healthy image for an overhead run: `-slow` (Ready and
+    /// advertising `agent_start_secs` after it starts) when that is set.
+    pub fn rollout_image(&self) -> String {
+        self.image(if self.agent_start_secs > 0 {
+            "-slow"
+        } else {
+            ""
+        })
     }
 
     pub fn start_operator(&self, label: &str) -> anyhow::Result<Operator> {

@@ -88,6 +88,13 @@ struct Args {
     /// Parent of the clusters' state directories.
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     state_root: PathBuf,
+    /// How long each new agent pod of the overhead runs takes to turn Ready
+    /// and advertise its devices, in seconds, on both sides (the fixture's
+    /// `-slow` agents): 0, the default, is at once, where the rollout is
+    /// bound by the machine's CPU; a real device plugin takes seconds to
+    /// start and register with the kubelet.
+    #[arg(long, default_value_t = 0)]
+    agent_start_secs: u64,
     /// Leave the last cluster running.
     #[arg(long)]
     keep: bool,
@@ -168,6 +175,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         machine: machine(),
         commit: git_commit(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        agent_start_secs: args.agent_start_secs,
         ..Default::default()
     };
     for (i, &nodes) in args.nodes.iter().enumerate() {
@@ -236,6 +244,7 @@ async fn run_size(
         k8s::GPUS as usize,
         &state,
         args.audit_policy.as_deref(),
+        args.agent_start_secs,
     )?;
     size.cluster_up_secs = secs(t, Timestamp::now());
     let result = async {
@@ -253,6 +262,7 @@ async fn run_size(
             op_kubeconfig,
             log_dir.to_path_buf(),
             names,
+            args.agent_start_secs,
         );
         overhead::setup(&ctx).await?;
         size.stream_floor_secs = stream_floor(&ctx.client).await;

@@ -71,7 +71,7 @@ pub async fn recover(ctx: &Ctx) -> anyhow::Result<()> {
         }
         op.stop()?;
     }
-    let image = ctx.image("");
+    let image = ctx.rollout_image();
     timed_update(
         ctx,
         k8s::plugin_template(RESOURCE, &image),
@@ -274,13 +274,14 @@ impl<T> Drop for Abort<T> {
 }
 
 fn rollout_timeout(ctx: &Ctx, max_unavailable: &str) -> Duration {
-    // Serial replacements take well under a second each; leave room for a busy machine.
+    // Serial replacements take well under a second each (plus the agents'
+    // start); leave room for a busy machine.
     let batches = if max_unavailable == "1" {
         ctx.nodes as u64
     } else {
         20
     };
-    Duration::from_secs(300 + 3 * batches)
+    Duration::from_secs(300 + (3 + ctx.agent_start_secs) * batches)
 }
 
 /// The value of `saferollout.dev/rollout` on the nodes the `native-labelled`
@@ -308,7 +309,7 @@ pub async fn native(
         "bench: {} nodes: {mode} RollingUpdate, maxUnavailable {max_unavailable}",
         ctx.nodes
     );
-    let image = ctx.image("");
+    let image = ctx.rollout_image();
     let t = timed_update(
         ctx,
         k8s::plugin_template(RESOURCE, &image),
@@ -379,7 +380,7 @@ pub async fn saferollout(
     let op = ctx.start_operator(&label)?;
     let slow = Duration::from_secs(300 + ctx.nodes as u64 / 10);
     k8s::wait_adopted(&ctx.client, NS, name, slow).await?;
-    let image = ctx.image("");
+    let image = ctx.rollout_image();
     let t = timed_update(
         ctx,
         k8s::plugin_template(RESOURCE, &image),

@@ -16,6 +16,10 @@ pub struct Results {
     pub machine: Machine,
     pub commit: String,
     pub command: String,
+    /// `--agent-start-secs`: how long each new agent pod of the overhead
+    /// runs took to turn Ready and advertise (0: at once).
+    #[serde(default)]
+    pub agent_start_secs: u64,
     pub sizes: Vec<SizeResult>,
 }
 
