@@ -309,14 +309,11 @@ mod tests {
     fn a_soak_read_back_from_the_status_lasts_its_full_length() {
         // Regression: a soak that started at 100.7 s was stored as 100 s (the
         // status keeps whole seconds) and a 2 s soak passed at 102.0 s.
-        let stored = |r: &GateResult| -> GateResult {
-            serde_json::from_value(serde_json::to_value(r).unwrap()).unwrap()
-        };
         let mut w = World::healthy(2, 8);
         let g = gate("baseline", "baseline", "2s");
         let start = ts(100) + jiff::SignedDuration::from_millis(700);
         w.now = start;
-        let mut prev = stored(&eval(&g, &w, None).result);
+        let mut prev = as_stored(&eval(&g, &w, None).result);
         let mut passed_after = None;
         for ms in (100..=4_000).step_by(100) {
             w.now = start + jiff::SignedDuration::from_millis(ms);
@@ -329,7 +326,7 @@ mod tests {
             // The pass asks to be woken when the soak ends, not before.
             let wake = w.now + jiff::SignedDuration::try_from(v.recheck_after.unwrap()).unwrap();
             assert_eq!(wake, ts(103), "at +{ms} ms");
-            prev = stored(&v.result);
+            prev = as_stored(&v.result);
         }
         assert_eq!(
             passed_after,

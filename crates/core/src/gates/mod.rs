@@ -228,6 +228,12 @@ pub(crate) mod test_support {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
+    /// `value` as the API server stores it and the next pass reads it back:
+    /// through JSON, where times keep whole seconds.
+    pub fn as_stored<T: serde::Serialize + serde::de::DeserializeOwned>(value: &T) -> T {
+        serde_json::from_value(serde_json::to_value(value).unwrap()).unwrap()
+    }
+
     /// A pod as the tests describe it, owning its strings.
     #[derive(Debug, Clone)]
     pub struct TestPod {

@@ -837,16 +837,13 @@ mod tests {
         let run = |w: &World, st: &mut Vec<StageStatus>| {
             w.with_proof(&ev, |s| step(&g, s, st, 0, "ns.plugin", &[]))
         };
-        let stored = |st: &[StageStatus]| -> Vec<StageStatus> {
-            serde_json::from_value(serde_json::to_value(st).unwrap()).unwrap()
-        };
         let start = ts(100) + jiff::SignedDuration::from_millis(600);
         w.now = start;
         let mut st = stages(&w);
         assert!(run(&w, &mut st).create.is_empty());
         let mut created_after = None;
         for ms in (100..=7_000).step_by(100) {
-            st = stored(&st);
+            st = as_stored(&st);
             w.now = start + jiff::SignedDuration::from_millis(ms);
             if !run(&w, &mut st).create.is_empty() {
                 created_after = Some(ms);

@@ -11,6 +11,7 @@ use saferollout_api::{DurationString, Phase, Stage, StageState, quantity_count};
 use super::model::{GPUS, Lag, Losses, Model, RESOURCE, Release};
 use super::*;
 use crate::conditions;
+use crate::gates::test_support::as_stored;
 
 fn settled(nodes: usize) -> Model {
     let mut m = Model::new(nodes);
@@ -584,16 +585,21 @@ fn a_pausing_stage_waits_for_approval() {
     no_violations(&m);
 }
 
-#[test]
-fn stage_soak_holds_the_next_stage() {
-    let mut m = settled(4);
-    m.spec.stages = Some(vec![
+/// One node that soaks `soak` once its gates pass, then the rest.
+fn canary_soaking(soak: &str) -> Vec<Stage> {
+    vec![
         Stage {
-            soak: DurationString::new("30s"),
+            soak: DurationString::new(soak),
             ..Stage::new(IntOrString::Int(1))
         },
         Stage::new(IntOrString::String("100%".into())),
-    ]);
+    ]
+}
+
+#[test]
+fn stage_soak_holds_the_next_stage() {
+    let mut m = settled(4);
+    m.spec.stages = Some(canary_soaking("30s"));
     m.write_revision("v2", Release::Healthy);
     for _ in 0..25 {
         m.one_reconcile();
@@ -605,24 +611,12 @@ fn stage_soak_holds_the_next_stage() {
     no_violations(&m);
 }
 
-/// The status keeps whole seconds: what the API server stores and the
-/// next pass reads.
-fn as_stored(status: &SafeRolloutStatus) -> SafeRolloutStatus {
-    serde_json::from_value(serde_json::to_value(status).unwrap()).unwrap()
-}
-
 #[test]
 fn a_stage_soak_read_back_from_the_status_lasts_its_full_length() {
     // Regression: the soak started at the pass's time, which the status
     // kept as the whole second before, so it ended up to a second early.
     let mut m = settled(4);
-    m.spec.stages = Some(vec![
-        Stage {
-            soak: DurationString::new("3s"),
-            ..Stage::new(IntOrString::Int(1))
-        },
-        Stage::new(IntOrString::String("100%".into())),
-    ]);
+    m.spec.stages = Some(canary_soaking("3s"));
     m.write_revision("v2", Release::Healthy);
     // Every pass from here on at .7 of a second.
     m.now += jiff::SignedDuration::from_millis(700);
