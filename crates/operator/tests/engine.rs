@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -832,18 +832,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration_and_no_pod_is_del
     task.abort();
     assert!(st.blocked_revisions.is_empty());
     let samples = samples.lock().unwrap();
-    // Every node got exactly one v2 pod: no node was replaced twice.
-    let per_node: BTreeMap<&String, usize> = samples
-        .created
-        .iter()
-        .filter(|((_, i), _)| i == v2)
-        .map(|((n, _), c)| (n, *c))
-        .collect();
-    assert_eq!(per_node.len(), 4, "{per_node:?}");
-    assert!(
-        per_node.values().all(|c| *c == 1),
-        "a node was replaced twice: {per_node:?}"
-    );
+    samples.assert_each_node_got_one(v2, 4);
     let (most, when) = samples.max_unavailable(&BTreeSet::new());
     assert!(
         most <= 1,
@@ -1005,17 +994,7 @@ async fn refused_progress_writes_mid_stage_repeat_and_skip_nothing() -> anyhow::
         "{st:#?}"
     );
     let samples = samples.lock().unwrap();
-    let per_node: BTreeMap<&String, usize> = samples
-        .created
-        .iter()
-        .filter(|((_, i), _)| i == v2)
-        .map(|((n, _), c)| (n, *c))
-        .collect();
-    assert_eq!(per_node.len(), 4, "{per_node:?}");
-    assert!(
-        per_node.values().all(|c| *c == 1),
-        "a node was replaced twice: {per_node:?}"
-    );
+    samples.assert_each_node_got_one(v2, 4);
     let (most, when) = samples.max_unavailable(&BTreeSet::new());
     assert!(
         most <= 3,

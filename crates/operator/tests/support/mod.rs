@@ -439,6 +439,22 @@ impl Samples {
             .max_by_key(|(n, _)| *n)
             .unwrap_or_default()
     }
+
+    /// Asserts that each of `nodes` nodes got exactly one agent pod of
+    /// `image`: none was replaced twice.
+    pub fn assert_each_node_got_one(&self, image: &str, nodes: usize) {
+        let per_node: BTreeMap<&String, usize> = self
+            .created
+            .iter()
+            .filter(|((_, i), _)| i == image)
+            .map(|((n, _), c)| (n, *c))
+            .collect();
+        assert_eq!(per_node.len(), nodes, "{per_node:?}");
+        assert!(
+            per_node.values().all(|c| *c == 1),
+            "a node was replaced twice: {per_node:?}"
+        );
+    }
 }
 
 /// Samples the agent pods (`app=plugin`) of `ns` until the task is aborted;
