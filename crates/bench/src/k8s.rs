@@ -342,18 +342,29 @@ pub async fn label_nodes(
     labels: Vec<(String, BTreeMap<String, String>)>,
     parallel: usize,
 ) -> anyhow::Result<()> {
+    let patches = labels
+        .into_iter()
+        .map(|(node, l)| (node, json!({"metadata": {"labels": l}})))
+        .collect();
+    patch_nodes_metadata(client, patches, parallel, "labelling").await
+}
+
+/// Sends each node its metadata merge patch, `parallel` at a time; `doing`
+/// names the write in errors.
+async fn patch_nodes_metadata(
+    client: &Client,
+    patches: Vec<(String, Value)>,
+    parallel: usize,
+    doing: &str,
+) -> anyhow::Result<()> {
     let api: Api<Node> = Api::all(client.clone());
-    futures::stream::iter(labels)
-        .map(|(node, l)| {
+    futures::stream::iter(patches)
+        .map(|(node, patch)| {
             let api = api.clone();
             async move {
-                api.patch(
-                    &node,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": l}})),
-                )
-                .await
-                .with_context(|| format!("labelling node {node}"))
+                api.patch_metadata(&node, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .with_context(|| format!("{doing} node {node}"))
             }
         })
         .buffer_unordered(parallel)
@@ -379,20 +390,17 @@ pub async fn write_stage_labels(
         Some(id) => json!({"metadata": {"labels": {STAGE_LABEL: "0", ROLLOUT_LABEL: id}}}),
         None => json!({"metadata": {"labels": {STAGE_LABEL: null, ROLLOUT_LABEL: null}}}),
     };
-    let api: Api<Node> = Api::all(client.clone());
-    futures::stream::iter(nodes.iter().cloned())
-        .map(|node| {
-            let (api, patch) = (api.clone(), patch.clone());
-            async move {
-                api.patch_metadata(&node, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .with_context(|| format!("writing the stage labels of node {node}"))
-            }
-        })
-        .buffer_unordered(STAGE_LABEL_WRITES)
-        .try_collect::<Vec<_>>()
-        .await?;
-    Ok(())
+    let patches = nodes
+        .iter()
+        .map(|node| (node.clone(), patch.clone()))
+        .collect();
+    patch_nodes_metadata(
+        client,
+        patches,
+        STAGE_LABEL_WRITES,
+        "writing the stage labels of",
+    )
+    .await
 }
 
 /// Names of every node, sorted as `up` numbers them.

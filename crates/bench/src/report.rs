@@ -751,6 +751,17 @@ mod tests {
         }
     }
 
+    /// A saferollout run of one 100% stage, `Succeeded` after `secs`, of
+    /// which `soak` seconds soak by design.
+    fn one_stage(k: &str, secs: f64, soak: f64) -> RolloutRun {
+        RolloutRun {
+            stages: "100%".into(),
+            succeeded_secs: Some(secs),
+            soak_secs: soak,
+            ..run("saferollout", k, secs, &[])
+        }
+    }
+
     #[test]
     fn the_cluster_cpu_table_has_a_row_per_run_with_its_total_per_second() {
         let mut r = Results::default();
@@ -789,11 +800,7 @@ mod tests {
 
     #[test]
     fn repeated_runs_pair_in_order_each_once() {
-        let sr = |k: &str, secs: f64| RolloutRun {
-            stages: "100%".into(),
-            succeeded_secs: Some(secs),
-            ..run("saferollout", k, secs, &[])
-        };
+        let sr = |k: &str, secs: f64| one_stage(k, secs, 0.0);
         let s = SizeResult {
             nodes: 1000,
             rollouts: vec![
@@ -817,12 +824,7 @@ mod tests {
 
     #[test]
     fn a_control_run_compares_with_the_native_and_saferollout_runs_of_its_order() {
-        let sr = |k: &str, secs: f64| RolloutRun {
-            stages: "100%".into(),
-            succeeded_secs: Some(secs),
-            soak_secs: 2.0,
-            ..run("saferollout", k, secs, &[])
-        };
+        let sr = |k: &str, secs: f64| one_stage(k, secs, 2.0);
         let labelled = |k: &str, secs: f64| RolloutRun {
             labels_secs: Some(4.0),
             ..run("native-labelled", k, secs, &[])
@@ -864,16 +866,10 @@ mod tests {
 
     #[test]
     fn agents_that_take_time_to_start_are_named_in_the_targets_and_the_rollout_section() {
-        let sr = RolloutRun {
-            stages: "100%".into(),
-            succeeded_secs: Some(80.0),
-            soak_secs: 2.0,
-            ..run("saferollout", "10%", 80.0, &[])
-        };
         let mut r = Results::default();
         r.sizes.push(SizeResult {
             nodes: 1000,
-            rollouts: vec![run("native", "10%", 75.0, &[]), sr],
+            rollouts: vec![run("native", "10%", 75.0, &[]), one_stage("10%", 80.0, 2.0)],
             ..Default::default()
         });
         let target = "| gated rollout, no soak <= 1.1x native (maxUnavailable 10%, 1000 nodes";
