@@ -27,6 +27,15 @@ pub const APPROVE_ANNOTATION: &str = "saferollout.dev/approve";
 /// Annotation a person sets on a SafeRollout to revert a rollout now and block
 /// its revision. The value is the target revision.
 pub const ABORT_ANNOTATION: &str = "saferollout.dev/abort";
+/// Annotation on a SafeRollout: what its deletion does with a DaemonSet that
+/// carries a revision the gates stopped (Halted, Quarantined, or a revert
+/// under way). Absent or [`ON_DELETE_RESTORE_LAST_GOOD`]: the last good
+/// template is written back first; [`ON_DELETE_KEEP_TEMPLATE`]: the
+/// DaemonSet is handed back as it is (the stopped release then rolls wherever
+/// its update strategy takes it).
+pub const ON_DELETE_ANNOTATION: &str = "saferollout.dev/on-delete";
+pub const ON_DELETE_RESTORE_LAST_GOOD: &str = "RestoreLastGood";
+pub const ON_DELETE_KEEP_TEMPLATE: &str = "KeepTemplate";
 /// Label on the last-good backup ControllerRevision: the DaemonSet revision it holds.
 pub const BACKUP_REVISION_LABEL: &str = "saferollout.dev/revision";
 /// The label the DaemonSet controller puts on its ControllerRevisions and pods:

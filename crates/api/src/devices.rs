@@ -222,8 +222,14 @@ pub enum QuarantineEffect {
     /// No new workload gets the devices (or, for a device plugin, the node).
     #[default]
     NoSchedule,
-    /// Also evicts the workloads that use them.
+    /// Also evicts the workloads that use them. Refused unless the
+    /// operator's administrator allowed it (`--quarantine-allow-no-execute`,
+    /// chart value `quarantine.allowNoExecute`).
     NoExecute,
+    /// DRA drivers only, a preview (KEP-5055): the DeviceTaintRule takes
+    /// nothing out of service, and its status says how many pods a
+    /// `NoExecute` rule would evict, which the operator reports.
+    None,
 }
 
 impl QuarantineEffect {
@@ -231,6 +237,7 @@ impl QuarantineEffect {
         match self {
             QuarantineEffect::NoSchedule => "NoSchedule",
             QuarantineEffect::NoExecute => "NoExecute",
+            QuarantineEffect::None => "None",
         }
     }
 }
@@ -384,6 +391,19 @@ impl crate::spec::SafeRolloutSpec {
             .map(QuarantineTarget::Resource)
     }
 
+    /// The device plugins' resources the gates judge (`gates.allocatable`,
+    /// `gates.deviceHealth.resource`).
+    pub fn gated_resources(&self) -> Vec<&str> {
+        let Some(g) = self.gates.as_ref() else {
+            return Vec::new();
+        };
+        g.allocatable
+            .iter()
+            .map(|a| a.resource.as_str())
+            .chain(g.device_health.as_ref().and_then(|h| h.resource.as_deref()))
+            .collect()
+    }
+
     /// The quarantine's effect.
     pub fn quarantine_effect(&self) -> QuarantineEffect {
         self.quarantine
@@ -455,7 +475,7 @@ pub struct StoppedRollout {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuarantineRecord {
-    /// NoSchedule or NoExecute.
+    /// NoSchedule, NoExecute or None.
     pub effect: String,
     /// DRA: the driver whose devices a DeviceTaintRule per node and pool
     /// taints with `saferollout.dev/quarantine`.
@@ -472,6 +492,15 @@ pub struct QuarantineRecord {
     /// DRA: the pools taken out of service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<QuarantinedPool>,
+    /// Failed nodes left out: the agent publishes nothing of the driver (or
+    /// advertises nothing of the resource) there, so there is nothing of it
+    /// to take out of service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// Effect None: what the cluster says a NoExecute rule would evict,
+    /// `<node>/<pool>: <message>` (counts of pods and namespaces).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preview: Vec<String>,
 }
 
 /// One node's pool under quarantine.
@@ -513,6 +542,12 @@ pub const MSG_ONE_DRIVER: &str = "gates.resourceSlices, gates.claims, gates.devi
 pub const MSG_QUARANTINE_TARGET: &str = "onFailure: Quarantine needs devices to quarantine: a DRA driver (gates.resourceSlices, claims, deviceTaints or deviceHealth.driver, or quarantine.driver) or a device plugin's resource (gates.allocatable, deviceHealth.resource or quarantine.resource)";
 /// Message of the rule on `quarantine`.
 pub const MSG_QUARANTINE_ONE_OF: &str = "quarantine may set driver or resource, not both";
+/// Message of the rule that a quarantine's driver is the gated driver.
+pub const MSG_QUARANTINE_DRIVER_SCOPE: &str = "quarantine.driver must be the DRA driver the device gates judge (a quarantine takes out of service only what this rollout's agent publishes)";
+/// Message of the rule that a quarantine's resource is a gated resource.
+pub const MSG_QUARANTINE_RESOURCE_SCOPE: &str = "quarantine.resource must be a resource the gates judge (gates.allocatable[].resource or gates.deviceHealth.resource): a quarantine takes out of service only what this rollout's agent advertises";
+/// Message of the rule that effect None is for DRA drivers.
+pub const MSG_QUARANTINE_NONE_RESOURCE: &str = "quarantine.effect None is a DeviceTaintRule preview for DRA drivers; node taints (quarantine.resource) have no None effect";
 
 /// The DNS-1123 subdomain regex (RE2) limited to 63 characters by maxLength.
 const DNS_SUBDOMAIN: &str = crate::schema::DNS1123_SUBDOMAIN_REGEX;
@@ -649,23 +684,55 @@ pub(crate) fn spec_rules(s: &mut Schema) {
         || (has(self.gates) && (has(self.gates.resourceSlices) || has(self.gates.claims) \
             || has(self.gates.deviceTaints) || has(self.gates.deviceHealth) \
             || (has(self.gates.allocatable) && size(self.gates.allocatable) > 0)))";
+    // The quarantine takes out of service only what the rollout judges: the
+    // driver of the device gates, or a resource the gates name.
+    let gated_driver = "(has(self.gates.resourceSlices) ? self.gates.resourceSlices.driver : \
+        has(self.gates.claims) ? self.gates.claims.driver : \
+        has(self.gates.deviceTaints) ? self.gates.deviceTaints.driver : \
+        has(self.gates.deviceHealth) && has(self.gates.deviceHealth.driver) ? self.gates.deviceHealth.driver : '')";
+    let quarantine_driver = format!(
+        "!has(self.quarantine) || !has(self.quarantine.driver) || !has(self.gates) \
+         || {gated_driver} == '' || {gated_driver} == self.quarantine.driver"
+    );
+    let gated_resources = "((has(self.gates.allocatable) ? self.gates.allocatable.map(a, a.resource) : []) \
+        + (has(self.gates.deviceHealth) && has(self.gates.deviceHealth.resource) ? [self.gates.deviceHealth.resource] : []))";
+    let quarantine_resource = format!(
+        "!has(self.quarantine) || !has(self.quarantine.resource) || !has(self.gates) \
+         || size({gated_resources}) == 0 || self.quarantine.resource in {gated_resources}"
+    );
     add_rules(
         s,
-        json!([{
-            "rule": quarantine_target,
-            "message": MSG_QUARANTINE_TARGET,
-            "fieldPath": ".onFailure",
-        }]),
+        json!([
+            {
+                "rule": quarantine_target,
+                "message": MSG_QUARANTINE_TARGET,
+                "fieldPath": ".onFailure",
+            },
+            {
+                "rule": quarantine_driver,
+                "message": MSG_QUARANTINE_DRIVER_SCOPE,
+                "fieldPath": ".quarantine.driver",
+            },
+            {
+                "rule": quarantine_resource,
+                "message": MSG_QUARANTINE_RESOURCE_SCOPE,
+                "fieldPath": ".quarantine.resource",
+            },
+        ]),
     );
 }
 
 pub(crate) fn quarantine_rules(s: &mut Schema) {
     add_rules(
         s,
-        json!([rule(
-            "!has(self.driver) || !has(self.resource)",
-            MSG_QUARANTINE_ONE_OF
-        )]),
+        json!([
+            rule("!has(self.driver) || !has(self.resource)", MSG_QUARANTINE_ONE_OF),
+            {
+                "rule": "!has(self.resource) || !has(self.effect) || self.effect != 'None'",
+                "message": MSG_QUARANTINE_NONE_RESOURCE,
+                "fieldPath": ".effect",
+            },
+        ]),
     );
 }
 
@@ -818,6 +885,30 @@ pub(crate) fn validate(spec: &crate::spec::SafeRolloutSpec, push: &mut dyn FnMut
         }
         if let Some(r) = &q.resource {
             check_resource(push, "spec.quarantine.resource", r);
+        }
+        if q.resource.is_some() && q.effect == QuarantineEffect::None {
+            push(
+                "spec.quarantine.effect".into(),
+                MSG_QUARANTINE_NONE_RESOURCE.into(),
+            );
+        }
+        if let (Some(d), Some(gated)) = (&q.driver, spec.device_driver())
+            && d != gated
+        {
+            push(
+                "spec.quarantine.driver".into(),
+                MSG_QUARANTINE_DRIVER_SCOPE.into(),
+            );
+        }
+        let gated = spec.gated_resources();
+        if let Some(r) = &q.resource
+            && !gated.is_empty()
+            && !gated.contains(&r.as_str())
+        {
+            push(
+                "spec.quarantine.resource".into(),
+                MSG_QUARANTINE_RESOURCE_SCOPE.into(),
+            );
         }
     }
     if spec.on_failure == OnFailure::Quarantine && spec.quarantine_target().is_none() {

@@ -34,8 +34,9 @@ pub use duration::{DurationError, DurationString, format_duration, parse_duratio
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use proof::{
     GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, LogsGate, Measurements,
-    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, ProbeGate, ProbeRecord, PrometheusGate,
-    PrometheusTls, STAGE_NODES_PLACEHOLDER, SecretKeyRef, UnreadablePolicy,
+    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, ProbeEnvVar, ProbeGate, ProbeRecord,
+    ProbeResources, PrometheusGate, PrometheusTls, STAGE_NODES_PLACEHOLDER, SecretKeyRef,
+    UnreadablePolicy,
 };
 pub use quantity::{count_of, quantity_count};
 pub use spec::{

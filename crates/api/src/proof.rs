@@ -5,8 +5,10 @@
 //! condition). Their spec types, schemas (CEL rules with field-named
 //! messages), client-side validation, and the status records they keep.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
@@ -16,7 +18,8 @@ use serde_json::json;
 use crate::duration::DurationString;
 use crate::intstr::parse_percent;
 use crate::schema::{
-    DNS1123_SUBDOMAIN_REGEX, EXTENDED_RESOURCE_REGEX, count_or_percent_rule, duration, rule,
+    DNS1123_SUBDOMAIN_REGEX, EXTENDED_RESOURCE_REGEX, INT32_MAX, count_or_percent_rule, duration,
+    rule,
 };
 use crate::status::GateStatus;
 
@@ -42,7 +45,6 @@ pub const MAX_LOG_PATTERNS: u32 = 16;
 /// Longest user log pattern.
 pub const MAX_PATTERN_LENGTH: u32 = 512;
 
-pub const MSG_PROBE_TEMPLATE: &str = "gates.probe.template must be a pod template with at least one container in spec.containers (e.g. {spec: {containers: [{name: probe, image: nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0}]}})";
 pub const MSG_PROBE_DEVICE: &str = "gates.probe needs exactly one of resource (an extended resource such as nvidia.com/gpu: the probe asks for 1 in its limits) or deviceClassName (DRA: the probe claims one device of that DeviceClass)";
 pub const MSG_PROBE_RESOURCE: &str = "gates.probe.resource must be an extended resource name with a domain prefix, such as nvidia.com/gpu";
 pub const MSG_PROBE_CLASS: &str = "gates.probe.deviceClassName must be the name of a DeviceClass: a DNS-1123 subdomain such as gpu.nvidia.com";
@@ -57,26 +59,81 @@ pub const MSG_PROM_CONDITION: &str = "gates.prometheus[].condition must be a com
 pub const MSG_PROM_COUNT: &str = "gates.prometheus[].count must be between 1 and 100";
 pub const MSG_PROM_FAILURE_LIMIT: &str =
     "gates.prometheus[].failureLimit must be between 0 and 100";
+pub const MSG_PROM_TOKEN_HTTPS: &str = "gates.prometheus[].address must be an https:// URL when bearerTokenSecret is set (a token is never sent in the clear)";
 pub const MSG_SECRET_REF: &str =
     "a Secret reference needs name (a DNS-1123 subdomain in the SafeRollout's namespace) and key";
 
 /// The probe gate: after a stage node's agent is replaced (and the other
-/// gates see nothing wrong there), a short-lived pod from `template`, pinned
-/// to the node and asking for one device, must be scheduled and succeed
-/// within `timeout`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+/// gates see nothing wrong there), a short-lived pod pinned to the node and
+/// asking for one device must be scheduled and succeed within `timeout`.
+///
+/// The probe is built from an allow-list: you give the container (`image`,
+/// `command`, `args`, `env`, `resources`), `labels` and `tolerations`; the
+/// operator sets everything else (no service-account token, non-root,
+/// all capabilities dropped, seccomp RuntimeDefault, no host namespaces, no
+/// volumes, `restartPolicy: Never`), so a SafeRollout cannot run a pod its
+/// author could not.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = probe_rules)]
 pub struct ProbeGate {
-    /// The probe pod: a pod template (metadata.labels/annotations and spec)
-    /// whose first container runs the test, e.g. cuda-vector-add or
-    /// `nvidia-smi`. The gate adds: node pinning (required node affinity on
-    /// the node's name), one device (`resources.limits` of `resource`, or a
-    /// ResourceClaim of `deviceClassName`), tolerations for the node's taints
-    /// that the agent tolerates, `restartPolicy: Never`, labels, and the
-    /// SafeRollout as owner.
-    #[schemars(schema_with = "probe_template")]
-    pub template: serde_json::Value,
+    /// The probe container's image, e.g.
+    /// nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+
+    /// The container's command (its entrypoint when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "probe_words")]
+    pub command: Vec<String>,
+
+    /// The container's arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "probe_words")]
+    pub args: Vec<String>,
+
+    /// Environment variables with literal values (no references to Secrets
+    /// or other objects). At most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub env: Vec<ProbeEnvVar>,
+
+    /// The container's resource requests and limits (the gate adds one
+    /// device to the limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ProbeResources>,
+
+    /// Labels of the probe pod (e.g. for an admission policy or a simulated
+    /// kubelet to recognise it). The operator's own labels win.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "probe_labels")]
+    pub labels: BTreeMap<String, String>,
+
+    /// Tolerations of the probe pod. Each must be one the agent's own
+    /// template has (a probe goes only where the agent may); the gate also
+    /// tolerates exactly the node's taints that the agent tolerates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub tolerations: Vec<Toleration>,
+
+    /// Extra groups of the probe's user (it runs as 65534 unless
+    /// privileged): the host groups that own the device nodes where they are
+    /// not world-readable, e.g. `video` (44) and `render` (the host's GID)
+    /// for AMD's `/dev/kfd` and Intel's `/dev/dri/renderD*`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "probe_groups")]
+    pub supplemental_groups: Vec<i64>,
+
+    /// Run the probe container privileged, as root. Only for diagnostics
+    /// that need it (NVIDIA DCGM's `dcgmi diag`, AMD's ROCm Validation
+    /// Suite `rvs`, Intel's `xpu-smi diag`, which read device counters
+    /// through interfaces a device allocation does not expose): the operator
+    /// refuses it unless its administrator allowed privileged probes
+    /// (`--allow-privileged-probes`, chart value `probe.allowPrivileged`),
+    /// and the admission policy admits it only from an author who may create
+    /// pods in the namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub privileged: bool,
 
     /// Device-plugin agents: the extended resource the probe asks for one of
     /// (e.g. nvidia.com/gpu).
@@ -109,6 +166,31 @@ pub struct ProbeGate {
     #[serde(default = "default_probe_timeout")]
     #[schemars(schema_with = "probe_timeout")]
     pub timeout: DurationString,
+}
+
+/// An environment variable of the probe container: a literal value only.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeEnvVar {
+    /// The variable's name.
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// Its value.
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    pub value: String,
+}
+
+/// Requests and limits of the probe container (quantities by resource name).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeResources {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub requests: BTreeMap<String, Quantity>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub limits: BTreeMap<String, Quantity>,
 }
 
 /// Built-in fatal-line pattern sets of the logs gate, each taken from the
@@ -243,8 +325,14 @@ pub struct PrometheusTls {
 /// of the stage runs the new agent; each sample of the result must meet
 /// `condition`. The gate passes after `count` good measurements and fails
 /// when more than `failureLimit` were bad.
+///
+/// The operator dials only addresses its administrator allowed
+/// (`--prometheus-address`, chart value `prometheusGate.addresses`) and
+/// sends a Secret only to the addresses bound to it
+/// (`--prometheus-secret`, `prometheusGate.secrets`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = prometheus_rules)]
 pub struct PrometheusGate {
     /// Names the gate in status and metrics (`prometheus/<name>`).
     #[schemars(schema_with = "prometheus_name")]
@@ -278,7 +366,7 @@ pub struct PrometheusGate {
     /// counts as: `Fail` (default), `Pause` or `Pass`.
     #[serde(default)]
     pub inconclusive: InconclusivePolicy,
-    /// How long one query may take.
+    /// How long one query may take (at most 30s).
     #[serde(default = "default_prometheus_timeout")]
     #[schemars(schema_with = "prometheus_timeout")]
     pub timeout: DurationString,
@@ -370,28 +458,27 @@ fn default_prometheus_timeout() -> DurationString {
     DurationString::from("10s")
 }
 
-fn probe_template(_: &mut SchemaGenerator) -> Schema {
-    // The template is kept as written (like spec.template); only the part the
-    // gate relies on is typed: at least one container.
+fn probe_words(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 64,
+        "items": {"type": "string", "maxLength": 4096},
+    })
+}
+
+fn probe_groups(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 16,
+        "items": {"type": "integer", "format": "int64", "minimum": 1, "maximum": INT32_MAX},
+    })
+}
+
+fn probe_labels(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-        "required": ["spec"],
-        "properties": {
-            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-            "spec": {
-                "type": "object",
-                "x-kubernetes-preserve-unknown-fields": true,
-                "required": ["containers"],
-                "properties": {
-                    "containers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                    },
-                },
-            },
-        },
+        "maxProperties": 16,
+        "additionalProperties": {"type": "string", "maxLength": 63},
     })
 }
 
@@ -519,8 +606,28 @@ fn prometheus_interval(_: &mut SchemaGenerator) -> Schema {
     duration("gates.prometheus[].interval", true)
 }
 
+/// Longest `gates.prometheus[].timeout`: a query runs beside the passes,
+/// and one that takes longer is no health signal anyone can act on.
+pub const MAX_PROMETHEUS_TIMEOUT: &str = "30s";
+
+/// [`MAX_PROMETHEUS_TIMEOUT`] as a duration.
+pub fn max_prometheus_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(30)
+}
+
 fn prometheus_timeout(_: &mut SchemaGenerator) -> Schema {
-    duration("gates.prometheus[].timeout", true)
+    crate::schema::duration_at_most("gates.prometheus[].timeout", MAX_PROMETHEUS_TIMEOUT)
+}
+
+fn prometheus_rules(s: &mut Schema) {
+    s.insert(
+        "x-kubernetes-validations".into(),
+        json!([{
+            "rule": "!has(self.bearerTokenSecret) || self.address.startsWith('https://')",
+            "message": MSG_PROM_TOKEN_HTTPS,
+            "fieldPath": ".address",
+        }]),
+    );
 }
 
 fn secret_ref_rules(s: &mut Schema) {
@@ -614,15 +721,6 @@ impl std::fmt::Display for Condition {
     }
 }
 
-impl ProbeGate {
-    /// The probe template as a typed PodTemplateSpec.
-    pub fn typed_template(
-        &self,
-    ) -> Result<k8s_openapi::api::core::v1::PodTemplateSpec, serde_json::Error> {
-        serde_json::from_value(self.template.clone())
-    }
-}
-
 /// One client-side validation failure (path, message).
 pub(crate) type Push<'a> = &'a mut dyn FnMut(String, String);
 
@@ -639,13 +737,51 @@ pub(crate) fn validate(gates: &crate::spec::Gates, push: Push) {
 
 fn validate_probe(p: &ProbeGate, push: Push) {
     let path = "spec.gates.probe";
-    let containers = p
-        .template
-        .get("spec")
-        .and_then(|s| s.get("containers"))
-        .and_then(|c| c.as_array());
-    if containers.is_none_or(|c| c.is_empty()) {
-        push(format!("{path}.template"), MSG_PROBE_TEMPLATE.into());
+    if p.image.is_empty() || p.image.len() > 512 {
+        push(
+            format!("{path}.image"),
+            "should be between 1 and 512 characters".into(),
+        );
+    }
+    for (field, list, max) in [("command", &p.command, 64), ("args", &p.args, 64)] {
+        if list.len() > max {
+            push(
+                format!("{path}.{field}"),
+                format!("Too many: {}: must have at most {max} items", list.len()),
+            );
+        }
+    }
+    if p.env.len() > 32 {
+        push(
+            format!("{path}.env"),
+            format!("Too many: {}: must have at most 32 items", p.env.len()),
+        );
+    }
+    if p.supplemental_groups.len() > 16 {
+        push(
+            format!("{path}.supplementalGroups"),
+            format!(
+                "Too many: {}: must have at most 16 items",
+                p.supplemental_groups.len()
+            ),
+        );
+    }
+    for (i, g) in p.supplemental_groups.iter().enumerate() {
+        if !(1..=INT32_MAX).contains(g) {
+            push(
+                format!("{path}.supplementalGroups[{i}]"),
+                format!("Invalid value: {g}: should be between 1 and {INT32_MAX}"),
+            );
+        }
+    }
+    if p.tolerations.len() > 16 {
+        push(
+            format!("{path}.tolerations"),
+            format!(
+                "Too many: {}: must have at most 16 items",
+                p.tolerations.len()
+            ),
+        );
     }
     if p.resource.is_some() == p.device_class_name.is_some() {
         push(path.into(), MSG_PROBE_DEVICE.into());
@@ -765,6 +901,22 @@ fn validate_prometheus(gates: &[PrometheusGate], push: Push) {
                 d,
                 true,
             );
+        }
+        if crate::validate::duration_error("gates.prometheus[].timeout", &g.timeout, true).is_none()
+            && g.timeout
+                .to_std()
+                .is_ok_and(|t| t > max_prometheus_timeout())
+        {
+            push(
+                format!("{path}.timeout"),
+                crate::schema::at_most_message(
+                    "gates.prometheus[].timeout",
+                    MAX_PROMETHEUS_TIMEOUT,
+                ),
+            );
+        }
+        if g.bearer_token_secret.is_some() && !g.address.starts_with("https://") {
+            push(format!("{path}.address"), MSG_PROM_TOKEN_HTTPS.into());
         }
         let refs = [
             ("bearerTokenSecret", g.bearer_token_secret.as_ref()),

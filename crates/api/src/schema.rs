@@ -116,6 +116,27 @@ pub(crate) fn duration(field: &str, positive: bool) -> Schema {
     })
 }
 
+/// A positive duration schema of at most `max` (a Go duration such as
+/// `30s`, which CEL's `duration()` parses as the API server does).
+pub(crate) fn duration_at_most(field: &str, max: &str) -> Schema {
+    let mut s = duration(field, true);
+    if let Some(rules) = s
+        .get_mut("x-kubernetes-validations")
+        .and_then(|r| r.as_array_mut())
+    {
+        rules.push(rule(
+            &format!("!self.matches('{DURATION_REGEX}') || duration(self) <= duration('{max}')"),
+            &at_most_message(field, max),
+        ));
+    }
+    s
+}
+
+/// Message of the upper-bound rule on a duration field.
+pub fn at_most_message(field: &str, max: &str) -> String {
+    format!("{field} must be at most {max}")
+}
+
 pub(crate) fn target_ref_name(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",

@@ -19,6 +19,9 @@ use saferollout_api::{NodeDevices, quantity_count};
 /// What the runtime could observe of devices, for one decision.
 #[derive(Debug, Clone, Default)]
 pub struct DeviceEvidence<'a> {
+    /// The SafeRollout's namespace: status names only its pods and claims;
+    /// those of other namespaces are counted, or recorded by UID.
+    pub namespace: &'a str,
     /// Why the runtime observes no devices at all (e.g. `resource.k8s.io/v1`
     /// not served, or the device gates turned off): the device gates wait
     /// and say so, and fail at the progress deadline.
@@ -40,6 +43,9 @@ pub struct DeviceEvidence<'a> {
     /// Names of the rollout's quarantine DeviceTaintRules; `None` when the
     /// runtime cannot see them (DeviceTaintRule not served).
     pub quarantine_rules: Option<BTreeSet<&'a str>>,
+    /// The `EvictionInProgress` message of the rollout's quarantine rules,
+    /// by name: what a `None` (preview) rule says `NoExecute` would evict.
+    pub quarantine_previews: BTreeMap<&'a str, &'a str>,
 }
 
 impl<'a> DeviceEvidence<'a> {
@@ -134,13 +140,26 @@ pub fn is_reserved(claim: &ResourceClaim) -> bool {
 }
 
 /// `namespace/name`.
-pub fn claim_key(claim: &ResourceClaim) -> String {
-    format!(
-        "{}/{}",
-        claim.metadata.namespace.as_deref().unwrap_or_default(),
-        claim.metadata.name.as_deref().unwrap_or_default()
-    )
+/// How status records a claim: `<namespace>/<name>` in the SafeRollout's
+/// namespace `own`; `uid:<uid>` in any other, so status never names another
+/// namespace's objects.
+pub fn claim_key(claim: &ResourceClaim, own: &str) -> String {
+    let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
+    if ns == own {
+        format!(
+            "{ns}/{}",
+            claim.metadata.name.as_deref().unwrap_or_default()
+        )
+    } else {
+        format!(
+            "{OTHER_CLAIM_PREFIX}{}",
+            claim.metadata.uid.as_deref().unwrap_or_default()
+        )
+    }
 }
+
+/// Prefix of a claim of another namespace in status (see [`claim_key`]).
+pub const OTHER_CLAIM_PREFIX: &str = "uid:";
 
 /// Names of the ResourceClaims a pod uses (its own namespace): those it
 /// names and those the claim controller made for it from templates.
@@ -306,7 +325,7 @@ pub fn capture(ev: &DeviceEvidence, node: &str, driver: &str) -> NodeDevices {
         .into_iter()
         .flatten()
         .filter(|c| claim_uses_driver(c, driver) && is_reserved(c))
-        .map(|c| claim_key(c))
+        .map(|c| claim_key(c, ev.namespace))
         .collect();
     claims.sort();
     let claims_total = claims.len() as i64;
@@ -417,7 +436,7 @@ pub(crate) mod test_objects {
                 json!([{"resource": "pods", "name": pod, "uid": format!("uid-{pod}")}]);
         }
         serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": ns},
+            "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}")},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}},
             "status": status
         }))
@@ -486,9 +505,13 @@ mod tests {
         let reserved = claim("work", "c1", D, Some("n1"), Some("p1"));
         let idle = claim("work", "c2", D, Some("n1"), None);
         let elsewhere = claim("work", "c3", D, Some("n2"), Some("p3"));
-        let mut ev = DeviceEvidence::default();
+        let tenant = claim("tenant-b", "secret-project", D, Some("n1"), Some("p4"));
+        let mut ev = DeviceEvidence {
+            namespace: "work",
+            ..Default::default()
+        };
         ev.add_slices([&s]);
-        ev.add_claims([&reserved, &idle, &elsewhere]);
+        ev.add_claims([&reserved, &idle, &elsewhere, &tenant]);
         let b = capture(&ev, "n1", D);
         assert_eq!(b.pools, ["n1"]);
         assert_eq!(b.devices, 2);
@@ -496,8 +519,9 @@ mod tests {
             b.taints,
             ["n1/gpu-3: gpu.example.com/unhealthy=xid-79:NoSchedule"]
         );
-        assert_eq!(b.claims, ["work/c1"], "only reserved claims on the node");
-        assert_eq!(b.claims_total, 1);
+        // Only reserved claims on the node; another namespace's by UID only.
+        assert_eq!(b.claims, ["uid:uid-tenant-b-secret-project", "work/c1"]);
+        assert_eq!(b.claims_total, 2);
         assert_eq!(claim_node(&elsewhere), Some("n2"));
         assert_eq!(taint_device(&b.taints[0]), "n1/gpu-3");
     }

@@ -13,18 +13,22 @@
 //! - [`revision`]: which DaemonSet revision a template is, by content.
 //! - [`plan`]: which nodes each stage takes.
 //! - [`gates`]: the health gates; [`devices`]: what the device gates observe.
+//! - [`limits`]: what the operator's administrator lets a SafeRollout ask for.
 //! - [`rollout`]: the state machine: status and actions from a snapshot.
 //! - [`expectations`]: the operator's own writes its caches do not show yet.
 //! - [`conditions`]: kstatus-compatible conditions.
 //! - [`preflight`]: the cluster-side preflight checks and when they run.
 //! - [`transitions`]: what changed between two statuses (for metrics).
+//! - [`deletion`]: how deleting a SafeRollout hands its DaemonSet back.
 
 pub mod conditions;
+pub mod deletion;
 pub mod devices;
 pub mod durability;
 pub mod eligibility;
 pub mod expectations;
 pub mod gates;
+pub mod limits;
 pub mod objects;
 pub mod plan;
 pub mod preflight;

@@ -78,11 +78,66 @@ struct Args {
     /// more costs memory (a stack and, with glibc, a malloc arena of its own).
     #[arg(long, env = "SAFEROLLOUT_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     worker_threads: u16,
+    /// A base URL the prometheus gate may dial (repeat, or comma-separate):
+    /// a gate's address must be it or lie under it (`URL/...`). None by
+    /// default: a SafeRollout with a prometheus gate is refused (InvalidSpec)
+    /// until its administrator allows its server here.
+    #[arg(
+        long = "prometheus-address",
+        env = "SAFEROLLOUT_PROMETHEUS_ADDRESSES",
+        value_delimiter = ','
+    )]
+    prometheus_addresses: Vec<String>,
+    /// A Secret the prometheus gate may send (bearer token, CA bundle) and a
+    /// base URL it may go to, `NAME=URL` (repeat for more URLs or Secrets).
+    /// A Secret not bound to the gate's address is never read.
+    #[arg(long = "prometheus-secret", env = "SAFEROLLOUT_PROMETHEUS_SECRETS", value_delimiter = ',', value_parser = parse_secret_binding)]
+    prometheus_secrets: Vec<(String, String)>,
+    /// Allow `quarantine.effect: NoExecute` (the quarantine evicts every
+    /// workload using the failed nodes' devices).
+    #[arg(long, env = "SAFEROLLOUT_QUARANTINE_ALLOW_NO_EXECUTE", default_value_t = false, action = clap::ArgAction::Set)]
+    quarantine_allow_no_execute: bool,
+    /// Allow `gates.probe.privileged` (probes that run as root, privileged).
+    #[arg(long, env = "SAFEROLLOUT_ALLOW_PRIVILEGED_PROBES", default_value_t = false, action = clap::ArgAction::Set)]
+    allow_privileged_probes: bool,
     /// How the caches get their initial state: `paged` (paginated LISTs,
     /// then watches) or `stream` (streaming lists, Kubernetes WatchList: one
     /// watch per cache that sends the current objects first).
     #[arg(long, env = "SAFEROLLOUT_INITIAL_LIST", value_enum, default_value_t = controller::caches::InitialList::default())]
     initial_list: controller::caches::InitialList,
+}
+
+/// `NAME=URL`: a Secret and a base URL it may be sent to.
+fn parse_secret_binding(s: &str) -> Result<(String, String), String> {
+    let (name, url) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=URL"))?;
+    if name.is_empty() || !saferollout_api::proof::is_http_url(url) {
+        return Err(format!(
+            "{s:?}: expected NAME=URL with a Secret name and an http(s) URL"
+        ));
+    }
+    Ok((name.to_string(), url.to_string()))
+}
+
+/// The limits the flags set.
+fn limits(args: &Args) -> anyhow::Result<saferollout_core::limits::AdminLimits> {
+    for a in &args.prometheus_addresses {
+        if !saferollout_api::proof::is_http_url(a) {
+            anyhow::bail!("--prometheus-address {a:?} is not an http(s) URL");
+        }
+    }
+    let mut secrets = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for (name, url) in &args.prometheus_secrets {
+        secrets.entry(name.clone()).or_default().push(url.clone());
+    }
+    Ok(saferollout_core::limits::AdminLimits {
+        prometheus_addresses: args.prometheus_addresses.clone(),
+        prometheus_secrets: secrets,
+        quarantine_no_execute: args.quarantine_allow_no_execute,
+        privileged_probes: args.allow_privileged_probes,
+        any_address: false,
+    })
 }
 
 /// This replica's name in the election: the pod name when deployed, else host and process.
@@ -118,6 +173,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.lease_grace == 0 || args.lease_grace >= args.lease_duration {
         anyhow::bail!("--lease-grace must be at least 1 and less than --lease-duration");
     }
+    let limits = limits(&args)?;
     let config = kube::Config::infer().await?;
     // Two connections to the API server: one carries the watches (and the
     // lease), the other the writes (see `client`).
@@ -129,6 +185,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         metrics = %listener.local_addr()?,
         namespaces = ?args.watch_namespaces,
         leader_election = args.leader_election,
+        prometheus_addresses = ?limits.prometheus_addresses,
+        prometheus_secrets = ?limits.prometheus_secrets.keys().collect::<Vec<_>>(),
+        quarantine_allow_no_execute = limits.quarantine_no_execute,
+        allow_privileged_probes = limits.privileged_probes,
         "starting saferollout-operator"
     );
     let server = tokio::spawn(metrics::serve(listener, metrics.clone()));
@@ -136,6 +196,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         namespaces: args.watch_namespaces,
         device_gates: args.device_gates,
         per_node_pod_watches: args.per_node_pod_watches,
+        limits,
     };
     let election = async {
         if !args.leader_election {

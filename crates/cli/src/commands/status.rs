@@ -109,7 +109,7 @@ pub struct StoppedReport {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QuarantineReport {
-    /// NoSchedule or NoExecute.
+    /// NoSchedule, NoExecute or None (a preview).
     pub effect: String,
     /// DRA: the driver whose devices DeviceTaintRules take out of service.
     pub driver: Option<String>,
@@ -118,6 +118,10 @@ pub struct QuarantineReport {
     pub nodes: Vec<String>,
     /// DRA: `<node>/<pool>` of each DeviceTaintRule.
     pub pools: Vec<String>,
+    /// Failed nodes where the agent publishes nothing to quarantine.
+    pub skipped: Vec<String>,
+    /// Effect None: what the cluster says NoExecute would evict.
+    pub preview: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -348,6 +352,8 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
                     .iter()
                     .map(|p| format!("{}/{}", p.node, p.pool))
                     .collect(),
+                skipped: q.skipped.clone(),
+                preview: q.preview.clone(),
             }),
         }),
     }
@@ -615,6 +621,15 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
                 _ => {}
             }
             out.push_str(&t.render("  "));
+            if !q.skipped.is_empty() {
+                out.push_str(&format!(
+                    "  not quarantined (the agent publishes nothing of it there): {}\n",
+                    list(&q.skipped, NODES_SHOWN)
+                ));
+            }
+            for p in &q.preview {
+                out.push_str(&format!("  preview, if the effect was NoExecute: {p}\n"));
+            }
             out.push_str("  (kubectl saferollout retry lifts it)\n");
         }
     }
@@ -1025,6 +1040,8 @@ mod tests {
                         node: "gpu-1".into(),
                         pool: "gpu-1".into(),
                     }],
+                    skipped: vec!["gpu-2".into()],
+                    preview: Vec::new(),
                 }),
             }),
             ..Default::default()
@@ -1036,6 +1053,7 @@ mod tests {
             "SlicesWithdrawn",
             "Stopped: revision bad123 by onFailure: Quarantine (30s ago) on node(s) gpu-1",
             "DeviceTaintRule: driver gpu.example.com, pool gpu-1",
+            "not quarantined (the agent publishes nothing of it there): gpu-2",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
@@ -1043,6 +1061,7 @@ mod tests {
         assert_eq!(r.on_failure, "Quarantine");
         let q = r.stopped.unwrap().quarantine.unwrap();
         assert_eq!(q.pools, ["gpu-1/gpu-1"]);
+        assert_eq!(q.skipped, ["gpu-2"]);
     }
 
     #[test]

@@ -27,10 +27,11 @@ use saferollout_api::{
     PROBE_REVISION_ANNOTATION,
 };
 
+use super::proof::clean_line;
 use super::{Snapshot, Verdict, elapsed, list_some, result};
 use crate::devices::{
-    DeviceEvidence, claim_node, failure_message, is_allocated, is_deleting, is_reserved,
-    is_terminal, phase, pod_claim_names,
+    DeviceEvidence, OTHER_CLAIM_PREFIX, claim_node, failure_message, is_allocated, is_deleting,
+    is_reserved, is_terminal, phase, pod_claim_names,
 };
 
 pub const NAME: &str = GATE_CLAIMS;
@@ -67,7 +68,7 @@ pub fn probe_state(ev: &DeviceEvidence, snap: &Snapshot, node: &str) -> ProbeSta
         return ProbeState::Missing;
     };
     if phase(pod) == "Failed" {
-        return ProbeState::Failed(failure_message(pod));
+        return ProbeState::Failed(clean_line(&failure_message(pod)));
     }
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
@@ -128,15 +129,26 @@ struct Lost {
     message: String,
 }
 
-/// The baseline claims of `node` that did not survive.
+/// The baseline claims of `node` that did not survive. Claims and pods of
+/// other namespaces than the SafeRollout's are recorded by UID and never
+/// named, nor their pods' messages quoted: status is read by this
+/// namespace's users.
 fn lost_claims(ev: &DeviceEvidence, snap: &Snapshot, node: &str, pods: &[&Pod]) -> Vec<Lost> {
     let Some(base) = snap.device_baseline.get(node) else {
         return Vec::new();
     };
     let mut lost = Vec::new();
     for key in &base.claims {
-        let Some((ns, name)) = key.split_once('/') else {
-            continue;
+        let Some(claim) = find_claim(ev, node, key) else {
+            continue; // deleted by its user
+        };
+        let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let own = ns == ev.namespace;
+        let what = if own {
+            format!("claim {ns}/{name}")
+        } else {
+            "a claim in another namespace".to_string()
         };
         let users: Vec<&&Pod> = pods
             .iter()
@@ -144,21 +156,25 @@ fn lost_claims(ev: &DeviceEvidence, snap: &Snapshot, node: &str, pods: &[&Pod]) 
             .filter(|p| pod_claim_names(p).contains(name))
             .collect();
         if let Some(failed) = users.iter().find(|p| phase(p) == "Failed") {
+            let message = if own {
+                format!(
+                    "node {node}: pod {ns}/{} using {what} failed: {}",
+                    failed.metadata.name.as_deref().unwrap_or_default(),
+                    clean_line(&failure_message(failed))
+                )
+            } else {
+                format!(
+                    "node {node}: a pod in another namespace using {what} failed (its name and message are withheld from this namespace)"
+                )
+            };
             lost.push(Lost {
                 node: node.to_string(),
                 reason: "ClaimPodFailed",
-                message: format!(
-                    "node {node}: pod {ns}/{} using claim {key} failed: {}",
-                    failed.metadata.name.as_deref().unwrap_or_default(),
-                    failure_message(failed)
-                ),
+                message,
             });
             continue;
         }
         let running = users.iter().any(|p| !is_terminal(p) && !is_deleting(p));
-        let Some(claim) = ev.claims.get(&(ns, name)) else {
-            continue; // deleted by its user
-        };
         if !running {
             continue;
         }
@@ -167,7 +183,7 @@ fn lost_claims(ev: &DeviceEvidence, snap: &Snapshot, node: &str, pods: &[&Pod]) 
                 node: node.to_string(),
                 reason: "ClaimDeallocated",
                 message: format!(
-                    "node {node}: claim {key} is no longer allocated on the node while its pod runs"
+                    "node {node}: {what} is no longer allocated on the node while its pod runs"
                 ),
             });
         } else if !is_reserved(claim) {
@@ -175,12 +191,35 @@ fn lost_claims(ev: &DeviceEvidence, snap: &Snapshot, node: &str, pods: &[&Pod]) 
                 node: node.to_string(),
                 reason: "ClaimNotReserved",
                 message: format!(
-                    "node {node}: claim {key} is no longer reserved for its pod while the pod runs"
+                    "node {node}: {what} is no longer reserved for its pod while the pod runs"
                 ),
             });
         }
     }
     lost
+}
+
+/// The claim a baseline key names: `<namespace>/<name>`, or `uid:<uid>` for
+/// another namespace's (see [`crate::devices::claim_key`]).
+fn find_claim<'a>(
+    ev: &DeviceEvidence<'a>,
+    node: &str,
+    key: &str,
+) -> Option<&'a k8s_openapi::api::resource::v1::ResourceClaim> {
+    match key.strip_prefix(OTHER_CLAIM_PREFIX) {
+        Some(uid) => ev
+            .claims_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .chain(ev.claims.values())
+            .copied()
+            .find(|c| c.metadata.uid.as_deref() == Some(uid)),
+        None => {
+            let (ns, name) = key.split_once('/')?;
+            ev.claims.get(&(ns, name)).copied()
+        }
+    }
 }
 
 pub fn evaluate(gate: &ClaimsGate, snap: &Snapshot, _previous: Option<&GateResult>) -> Verdict {
@@ -390,7 +429,10 @@ mod tests {
     }
 
     fn eval(w: &World, claims: &[ResourceClaim], pods: &[Pod], probes: &[Pod]) -> Verdict {
-        let mut ev = DeviceEvidence::default();
+        let mut ev = DeviceEvidence {
+            namespace: "work",
+            ..Default::default()
+        };
         ev.add_claims(claims);
         for n in &w.nodes {
             ev.pods_observed.insert(n.as_str());
@@ -402,6 +444,52 @@ mod tests {
         ev.probes = probes.iter().collect();
         let g = gate(!probes.is_empty());
         w.with_devices(Some(&ev), |s| evaluate(&g, s, None))
+    }
+
+    #[test]
+    fn another_namespaces_claims_are_judged_but_never_named() {
+        let mut w = World::healthy(1, 8);
+        let c = claim("tenant-b", "secret-project", D, Some("node-0"), Some("p1"));
+        with_claims(&mut w, "node-0", &["uid:uid-tenant-b-secret-project"]);
+        let mut failed = claim_pod("tenant-b", "p1", "node-0", "secret-project", "Failed");
+        failed.status.as_mut().unwrap().message = Some(
+            "NodePrepareResources failed for ResourceClaim secret-project: token=tenant-b-s3cr3t"
+                .into(),
+        );
+        let v = eval(&w, std::slice::from_ref(&c), &[failed], &[]);
+        assert_eq!(
+            (v.result.status, v.result.reason.as_str()),
+            (GateStatus::Failed, "ClaimPodFailed")
+        );
+        for hidden in ["tenant-b", "secret-project", "p1", "s3cr3t"] {
+            assert!(!v.result.message.contains(hidden), "{}", v.result.message);
+        }
+        assert!(
+            v.result.message.contains("another namespace"),
+            "{}",
+            v.result.message
+        );
+        // A lost allocation is found by UID and reported without a name.
+        let mut gone = c.clone();
+        gone.status = None;
+        let v = eval(
+            &w,
+            &[gone],
+            &[claim_pod(
+                "tenant-b",
+                "p1",
+                "node-0",
+                "secret-project",
+                "Running",
+            )],
+            &[],
+        );
+        assert_eq!(v.result.reason, "ClaimDeallocated");
+        assert!(
+            !v.result.message.contains("secret-project"),
+            "{}",
+            v.result.message
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{DeviceHealthGate, GATE_DEVICE_HEALTH, GateResult, GateStatus};
 
+use super::proof::clean_line;
 use super::{Snapshot, Verdict, list_some, result, soak};
 use crate::devices::{is_deleting, is_terminal};
 
@@ -35,10 +36,17 @@ pub struct BadDevice {
 }
 
 /// The entries for the gated devices in `pod`'s container statuses that do
-/// not read Healthy, Unhealthy first; and how many entries there are.
-pub fn bad_devices(gate: &DeviceHealthGate, pod: &Pod) -> (Vec<BadDevice>, usize) {
+/// not read Healthy, Unhealthy first; and how many entries there are. A pod
+/// outside the SafeRollout's namespace `own` is not named (nor its
+/// container): status is read by this namespace's users.
+pub fn bad_devices(gate: &DeviceHealthGate, pod: &Pod, own: &str) -> (Vec<BadDevice>, usize) {
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let (pod_name, container_name) = if ns == own {
+        (format!("pod {ns}/{name}"), None)
+    } else {
+        ("a pod in another namespace".to_string(), Some("-"))
+    };
     let mut bad = Vec::new();
     let mut seen = 0;
     for c in pod
@@ -63,11 +71,15 @@ pub fn bad_devices(gate: &DeviceHealthGate, pod: &Pod) -> (Vec<BadDevice>, usize
                 let health = h.health.as_deref().unwrap_or("Unknown");
                 if health != "Healthy" {
                     bad.push(BadDevice {
-                        pod: format!("{ns}/{name}"),
-                        container: c.name.clone(),
+                        pod: pod_name.clone(),
+                        container: container_name.unwrap_or(&c.name).to_string(),
                         device: h.resource_id.clone(),
                         health: health.to_string(),
-                        message: h.message.clone().filter(|m| !m.is_empty()),
+                        message: h
+                            .message
+                            .as_deref()
+                            .filter(|m| !m.is_empty())
+                            .map(clean_line),
                     });
                 }
             }
@@ -112,7 +124,7 @@ fn observe(gate: &DeviceHealthGate, snap: &Snapshot) -> Observation {
             .iter()
             .filter(|p| !is_terminal(p) && !is_deleting(p))
         {
-            let (bad, seen) = bad_devices(gate, pod);
+            let (bad, seen) = bad_devices(gate, pod, ev.namespace);
             devices += seen;
             pods += usize::from(seen > 0);
             node_bad.extend(bad);
@@ -237,9 +249,13 @@ pub fn evaluate(
                 status,
                 reason,
                 format!(
-                    "node {node}: pod {} container {}: device {} is {}{}{more} (handover {}s)",
+                    "node {node}: {}{}: device {} is {}{}{more} (handover {}s)",
                     first.pod,
-                    first.container,
+                    if first.container == "-" {
+                        String::new()
+                    } else {
+                        format!(" container {}", first.container)
+                    },
                     first.device,
                     first.health,
                     first.message.map(|m| format!(": {m}")).unwrap_or_default(),
@@ -276,7 +292,10 @@ mod tests {
     }
 
     fn eval(g: &DeviceHealthGate, w: &World, pods: &[Pod], prev: Option<&GateResult>) -> Verdict {
-        let mut ev = DeviceEvidence::default();
+        let mut ev = DeviceEvidence {
+            namespace: "work",
+            ..Default::default()
+        };
         for n in &w.nodes {
             ev.pods_observed.insert(n.as_str());
         }
@@ -317,6 +336,42 @@ mod tests {
             r.message.contains(
                 "work/b container work: device gpu.example.com/node-1/gpu-1 is Unhealthy"
             ),
+            "{}",
+            r.message
+        );
+    }
+
+    #[test]
+    fn another_namespaces_pods_are_not_named_and_messages_are_masked() {
+        let mut w = World::healthy(1, 8);
+        let g = dra("5s");
+        let mut pod = health_pod(
+            "tenant-job",
+            "node-0",
+            &[("claim:gpu", "gpu.example.com/node-0/gpu-1", "Unhealthy")],
+        );
+        pod.metadata.namespace = Some("tenant-b".into());
+        let statuses = pod
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap();
+        statuses[0].allocated_resources_status.as_mut().unwrap()[0]
+            .resources
+            .as_mut()
+            .unwrap()[0]
+            .message = Some("XID 79 token=drv-s3cr3t-value".into());
+        let first = eval(&g, &w, std::slice::from_ref(&pod), None);
+        w.now = ts(105);
+        let r = eval(&g, &w, &[pod], Some(&first.result)).result;
+        assert_eq!(r.status, GateStatus::Failed);
+        for hidden in ["tenant-b", "tenant-job", "drv-s3cr3t-value"] {
+            assert!(!r.message.contains(hidden), "{}", r.message);
+        }
+        assert!(
+            r.message.contains("a pod in another namespace: device gpu.example.com/node-0/gpu-1 is Unhealthy: XID 79"),
             "{}",
             r.message
         );

@@ -147,6 +147,34 @@ pub fn builtin(set: PatternSet) -> &'static [BuiltinPattern] {
     }
 }
 
+/// Most memory a user pattern's compiled program may take: a 512-byte
+/// pattern such as `(a{100}){100}` would otherwise expand to megabytes.
+const USER_PATTERN_SIZE_LIMIT: usize = 1 << 20;
+
+/// A user's pattern as the operator compiles it (Rust's `regex`, which
+/// differs from the API server's RE2 in a few corners such as `\Q...\E`),
+/// with its program bounded in size. The operator refuses a SafeRollout
+/// whose pattern does not compile here (`InvalidSpec`, naming it) before
+/// any stage starts, so the gate never waits on a pattern it cannot apply.
+pub fn compile_user_pattern(pattern: &str) -> Result<Regex, String> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(USER_PATTERN_SIZE_LIMIT)
+        .dfa_size_limit(USER_PATTERN_SIZE_LIMIT)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::CompiledTooBig(limit) => {
+                format!("its compiled form exceeds {limit} bytes")
+            }
+            other => other
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        })
+}
+
 /// The compiled patterns of one gate.
 pub struct Patterns {
     /// (the pattern as written, where it comes from, compiled).
@@ -186,7 +214,7 @@ impl Patterns {
             }
         }
         for (i, p) in gate.patterns.iter().enumerate() {
-            let re = Regex::new(p)
+            let re = compile_user_pattern(p)
                 .map_err(|e| format!("spec.gates.logs.patterns[{i}] {p:?} is not valid: {e}"))?;
             list.push((p.clone(), format!("spec.gates.logs.patterns[{i}]"), re));
         }

@@ -1,7 +1,7 @@
 //! probe: proves that a node's devices serve a workload. Once a stage
 //! node's new agent is Ready and no other gate finds anything wrong there,
-//! a short-lived pod from the user's template, pinned to the node and asking
-//! for one device, must be scheduled and reach `Succeeded` within `timeout`.
+//! a short-lived pod built from the gate's allow-listed fields, pinned to
+//! the node and asking for one device, must be scheduled and reach `Succeeded` within `timeout`.
 //! A Ready plugin that advertises nothing leaves the probe unschedulable
 //! (`Insufficient example.com/gpu`); one whose devices do not work makes it
 //! fail (exit code, last log lines).
@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    Pod, PodResourceClaim, PodSpec, PodTemplateSpec, ResourceClaim as ContainerClaim, Taint,
+    Affinity, Capabilities, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, Pod, PodResourceClaim, PodSecurityContext, PodSpec,
+    ResourceClaim as ContainerClaim, ResourceRequirements, SeccompProfile, SecurityContext, Taint,
     Toleration,
 };
 use k8s_openapi::api::resource::v1::{
@@ -503,68 +504,50 @@ pub struct ProbePodParams<'a> {
 /// The claim name inside the probe pod (DRA).
 pub const PROBE_CLAIM: &str = "device";
 
-/// Builds the probe pod: the user's template plus what the gate adds.
+/// The user the probe container runs as (unless privileged): `nobody`.
+pub const PROBE_USER: i64 = 65534;
+
+/// Builds the probe pod from the gate's allow-listed fields; everything else
+/// is the operator's: no service-account token, no host namespaces, no
+/// volumes, non-root with every capability dropped (root and privileged only
+/// for `privileged`, which the operator refuses unless allowed), pinned to
+/// the node by a required node affinity, one device, the node's taints the
+/// agent tolerates.
 pub fn probe_pod(gate: &ProbeGate, p: &ProbePodParams) -> Result<Pod, String> {
-    let template: PodTemplateSpec = gate
-        .typed_template()
-        .map_err(|e| format!("spec.gates.probe.template is not a pod template: {e}"))?;
-    let mut spec: PodSpec = template.spec.unwrap_or_default();
-    if spec.containers.is_empty() {
-        return Err("spec.gates.probe.template has no container".into());
-    }
-    let mut meta: ObjectMeta = template.metadata.unwrap_or_default();
-    let labels = meta.labels.get_or_insert_with(Default::default);
+    let mut labels = gate.labels.clone();
     labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
     labels.insert(ROLLOUT_LABEL.into(), p.rollout_id.into());
     labels.insert(PROBE_NODE_LABEL.into(), label_value(p.node));
     labels.insert(PROBE_REVISION_LABEL.into(), p.revision.into());
     labels.insert(STAGE_LABEL.into(), p.stage.to_string());
-    meta.name = Some(p.name.into());
-    meta.generate_name = None;
-    meta.namespace = Some(p.namespace.into());
-    meta.owner_references = Some(vec![p.owner.clone()]);
-
-    spec.restart_policy = Some("Never".into());
-    spec.node_name = None;
+    let meta = ObjectMeta {
+        name: Some(p.name.into()),
+        namespace: Some(p.namespace.into()),
+        labels: Some(labels),
+        owner_references: Some(vec![p.owner.clone()]),
+        ..Default::default()
+    };
     // Pinned by the scheduler, so it decides (and reports Insufficient ...).
     let pin = NodeSelectorRequirement {
         key: "metadata.name".into(),
         operator: "In".into(),
         values: Some(vec![p.node.into()]),
     };
-    let affinity = spec.affinity.get_or_insert_with(Affinity::default);
-    let node_affinity = affinity
-        .node_affinity
-        .get_or_insert_with(NodeAffinity::default);
-    let required = node_affinity
-        .required_during_scheduling_ignored_during_execution
-        .get_or_insert_with(|| NodeSelector {
-            node_selector_terms: vec![NodeSelectorTerm::default()],
-        });
-    if required.node_selector_terms.is_empty() {
-        required
-            .node_selector_terms
-            .push(NodeSelectorTerm::default());
-    }
-    for term in &mut required.node_selector_terms {
-        term.match_fields
-            .get_or_insert_with(Vec::new)
-            .push(pin.clone());
-    }
-    if let Some(secs) = gate
-        .timeout
-        .to_std()
-        .ok()
-        .map(|d| d.as_secs().max(1) as i64)
-    {
-        spec.active_deadline_seconds =
-            Some(spec.active_deadline_seconds.map_or(secs, |s| s.min(secs)));
-    }
-    if spec.automount_service_account_token.is_none() {
-        spec.automount_service_account_token = Some(false);
-    }
-    // The node's taints the agent tolerates, tolerated exactly.
-    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    let affinity = Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![pin]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    // The user's tolerations (the operator refuses those the agent lacks),
+    // then the node's taints the agent tolerates, tolerated exactly.
+    let mut tolerations = gate.tolerations.clone();
     for taint in p
         .node_taints
         .iter()
@@ -589,8 +572,17 @@ pub fn probe_pod(gate: &ProbeGate, p: &ProbePodParams) -> Result<Pod, String> {
             });
         }
     }
-    let first: &mut Container = &mut spec.containers[0];
-    let resources = first.resources.get_or_insert_with(Default::default);
+    let (requests, limits) = gate
+        .resources
+        .as_ref()
+        .map(|r| (r.requests.clone(), r.limits.clone()))
+        .unwrap_or_default();
+    let mut resources = ResourceRequirements {
+        requests: (!requests.is_empty()).then_some(requests),
+        limits: (!limits.is_empty()).then_some(limits),
+        ..Default::default()
+    };
+    let mut pod_claims = None;
     match (&gate.resource, p.claim_template) {
         (Some(resource), _) => {
             resources
@@ -602,31 +594,108 @@ pub fn probe_pod(gate: &ProbeGate, p: &ProbePodParams) -> Result<Pod, String> {
             }
         }
         (None, Some(template)) => {
-            resources
-                .claims
-                .get_or_insert_with(Vec::new)
-                .push(ContainerClaim {
-                    name: PROBE_CLAIM.into(),
-                    request: None,
-                });
-            spec.resource_claims
-                .get_or_insert_with(Vec::new)
-                .push(PodResourceClaim {
-                    name: PROBE_CLAIM.into(),
-                    resource_claim_template_name: Some(template.into()),
-                    resource_claim_name: None,
-                });
+            resources.claims = Some(vec![ContainerClaim {
+                name: PROBE_CLAIM.into(),
+                request: None,
+            }]);
+            pod_claims = Some(vec![PodResourceClaim {
+                name: PROBE_CLAIM.into(),
+                resource_claim_template_name: Some(template.into()),
+                resource_claim_name: None,
+            }]);
         }
         (None, None) => {
             return Err("spec.gates.probe needs resource or deviceClassName".into());
         }
     }
+    let groups = (!gate.supplemental_groups.is_empty()).then(|| gate.supplemental_groups.clone());
+    let (pod_security, container_security) = if gate.privileged {
+        (
+            PodSecurityContext {
+                supplemental_groups: groups,
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            },
+            SecurityContext {
+                privileged: Some(true),
+                ..Default::default()
+            },
+        )
+    } else {
+        (
+            PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(PROBE_USER),
+                run_as_group: Some(PROBE_USER),
+                supplemental_groups: groups,
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            },
+            SecurityContext {
+                privileged: Some(false),
+                allow_privilege_escalation: Some(false),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    add: None,
+                }),
+                ..Default::default()
+            },
+        )
+    };
+    let container = Container {
+        name: PROBE_CONTAINER.into(),
+        image: Some(gate.image.clone()),
+        command: (!gate.command.is_empty()).then(|| gate.command.clone()),
+        args: (!gate.args.is_empty()).then(|| gate.args.clone()),
+        env: (!gate.env.is_empty()).then(|| {
+            gate.env
+                .iter()
+                .map(|e| EnvVar {
+                    name: e.name.clone(),
+                    value: Some(e.value.clone()),
+                    value_from: None,
+                })
+                .collect()
+        }),
+        resources: Some(resources),
+        security_context: Some(container_security),
+        ..Default::default()
+    };
+    let timeout_secs = gate
+        .timeout
+        .to_std()
+        .ok()
+        .map(|d| d.as_secs().max(1) as i64);
+    let spec = PodSpec {
+        containers: vec![container],
+        restart_policy: Some("Never".into()),
+        active_deadline_seconds: timeout_secs,
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        host_network: Some(false),
+        host_pid: Some(false),
+        host_ipc: Some(false),
+        affinity: Some(affinity),
+        tolerations: (!tolerations.is_empty()).then_some(tolerations),
+        security_context: Some(pod_security),
+        resource_claims: pod_claims,
+        ..Default::default()
+    };
     Ok(Pod {
         metadata: meta,
         spec: Some(spec),
         status: None,
     })
 }
+
+/// The probe pod's one container.
+pub const PROBE_CONTAINER: &str = "probe";
 
 /// A node name as a label value (names longer than 63 are hashed).
 pub fn label_value(node: &str) -> String {
@@ -700,16 +769,15 @@ mod tests {
     use super::*;
 
     fn gate() -> ProbeGate {
-        ProbeGate {
-            template: json!({"metadata": {"labels": {"sim.saferollout.dev/workload": "probe"}},
-                "spec": {"containers": [{"name": "probe", "image": "registry.example/cuda-vector-add:v1",
-                    "env": [{"name": "TOKEN", "value": "s3cr3t"}]}]}}),
-            resource: Some("example.com/gpu".into()),
-            device_class_name: None,
-            sample: None,
-            delay: "0s".into(),
-            timeout: "20s".into(),
-        }
+        serde_json::from_value(json!({
+            "image": "registry.example/cuda-vector-add:v1",
+            "env": [{"name": "TOKEN", "value": "s3cr3t"}],
+            "labels": {"sim.saferollout.dev/workload": "probe"},
+            "resource": "example.com/gpu",
+            "delay": "0s",
+            "timeout": "20s",
+        }))
+        .unwrap()
     }
 
     fn stages(w: &World) -> Vec<StageStatus> {
@@ -1013,6 +1081,33 @@ mod tests {
         );
         assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "SafeRollout");
         assert_eq!(v["spec"]["activeDeadlineSeconds"], 20);
+        // Everything beyond the allow-list is the operator's.
+        assert_eq!(v["spec"]["automountServiceAccountToken"], false);
+        assert!(v["spec"].get("serviceAccountName").is_none());
+        for host in ["hostNetwork", "hostPID", "hostIPC"] {
+            assert_eq!(v["spec"][host], false, "{host}");
+        }
+        assert!(v["spec"].get("volumes").is_none());
+        assert_eq!(v["spec"]["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(v["spec"]["securityContext"]["runAsUser"], PROBE_USER);
+        let c = &v["spec"]["containers"][0];
+        assert_eq!(c["securityContext"]["privileged"], false);
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+        assert!(c.get("volumeMounts").is_none());
+        assert_eq!(c["env"][0]["value"], "s3cr3t");
+        // Privileged (only once the operator allows it): root, privileged.
+        let privileged = ProbeGate {
+            privileged: true,
+            ..gate()
+        };
+        let v = serde_json::to_value(probe_pod(&privileged, &params).unwrap()).unwrap();
+        assert_eq!(
+            v["spec"]["containers"][0]["securityContext"]["privileged"],
+            true
+        );
+        assert!(v["spec"]["securityContext"].get("runAsNonRoot").is_none());
+        assert_eq!(v["spec"]["automountServiceAccountToken"], false);
 
         let dra = ProbeGate {
             resource: None,

@@ -99,19 +99,48 @@ pub struct Sample {
 /// Longest line a status keeps.
 pub const MAX_LINE: usize = 200;
 
+/// What looks like a credential, and what replaces it. One list for every
+/// text that reaches status, Events or logs from a user or the cluster
+/// (log lines, termination messages, scheduler and server errors); its
+/// test is a corpus of planted secrets (`tests::planted_secrets`).
 fn secret_patterns() -> &'static [(Regex, &'static str)] {
     static PATTERNS: OnceLock<Vec<(Regex, &'static str)>> = OnceLock::new();
     PATTERNS.get_or_init(|| {
         [
-            // Bearer/Basic credentials in headers.
-            (r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", "$1 ***"),
-            // key=value / key: value where the key names a secret.
+            // Private keys, PEM: from the BEGIN line to the END line, or to
+            // the end of the text when it was cut.
             (
-                r#"(?i)\b([a-z0-9_.-]*(?:token|password|passwd|pwd|secret|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|license[_-]?key))(["']?\s*[=:]\s*["']?)[^\s"',;&]+"#,
+                r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----(?s:.*?)(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)",
+                "-----BEGIN ${1}PRIVATE KEY----- *** -----END ${1}PRIVATE KEY-----",
+            ),
+            // Authorization headers, whatever the scheme (Bearer, Basic,
+            // Token, Digest, AWS4-HMAC-SHA256 ...): the whole value.
+            (
+                r#"(?i)\b((?:proxy-)?authorization["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\r\n]*)"#,
+                "$1***",
+            ),
+            // Cookies: the rest of the header.
+            (r#"(?i)\b((?:set-)?cookie["']?\s*:\s*)[^\r\n]*"#, "$1***"),
+            // Bearer/Basic credentials anywhere.
+            (r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", "$1 ***"),
+            // key=value / key: value / "key": "value" where the key names a
+            // secret; a quoted value is masked whole (spaces included).
+            (
+                r#"(?i)\b([a-z0-9_.-]*(?:token|password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|license[_-]?key|signature|sig|accountkey|sharedaccesskey))(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s"',;&]+)"#,
                 "$1$2***",
             ),
-            // user:password@ in URLs.
-            (r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", "$1***@"),
+            // Anything before @ in a URL's authority: user:password@, token@.
+            (r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@", "$1***@"),
+            // Well-known token formats, wherever they stand.
+            (r"\beyJ[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*){0,2}", "***"), // JWT, base64 JSON
+            (r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,})", "***"), // GitHub
+            (r"\bglpat-[A-Za-z0-9_-]{16,}", "***"),                                    // GitLab
+            (r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b", "***"), // AWS access key id
+            (r"\bAIza[0-9A-Za-z_-]{30,}", "***"),      // Google API key
+            (r"\bnvapi-[A-Za-z0-9_-]{8,}", "***"),     // NVIDIA NGC
+            (r"\bxox[abposr]-[A-Za-z0-9-]{10,}", "***"), // Slack
+            (r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}", "***"), // Stripe
+            (r"\bsk-[A-Za-z0-9_-]{20,}", "***"),       // OpenAI-style API keys
         ]
         .into_iter()
         .map(|(p, r)| (Regex::new(p).expect("secret patterns compile"), r))
@@ -119,14 +148,36 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
     })
 }
 
-/// Masks values that look like secrets (`token=...`, `password: ...`,
-/// `Bearer ...`, `user:pass@` in URLs).
-pub fn mask_secrets(line: &str) -> String {
-    let mut out = line.to_string();
+/// Masks what looks like a credential (see [`secret_patterns`]): header and
+/// `key=value` secrets, URL userinfo, well-known token formats, private
+/// keys and PEM bodies.
+pub fn mask_secrets(text: &str) -> String {
+    let mut out = text.to_string();
     for (re, replacement) in secret_patterns() {
-        out = re.replace_all(&out, *replacement).into_owned();
+        if re.is_match(&out) {
+            out = re.replace_all(&out, *replacement).into_owned();
+        }
+    }
+    if out.lines().any(is_key_material) {
+        out = out
+            .lines()
+            .map(|l| if is_key_material(l) { "***" } else { l })
+            .collect::<Vec<_>>()
+            .join("\n");
     }
     out
+}
+
+/// A line that is nothing but a long run of mixed base64 (upper and lower
+/// case and digits): a PEM body line, or a key printed on its own.
+fn is_key_material(line: &str) -> bool {
+    let l = line.trim().trim_end_matches('=');
+    l.len() >= 40
+        && l.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+        && l.bytes().any(|b| b.is_ascii_uppercase())
+        && l.bytes().any(|b| b.is_ascii_lowercase())
+        && l.bytes().any(|b| b.is_ascii_digit())
 }
 
 /// At most `max` characters, with `...` when cut.
@@ -159,37 +210,185 @@ pub fn clean_lines(text: &str, n: usize) -> String {
         .join(" | ")
 }
 
+/// Lines that carry a planted secret, and the secret: the corpus
+/// [`mask_secrets`] answers for (its unit test, and the end-to-end test of
+/// the logs gate). Every value is fake.
+pub const PLANTED_SECRETS: &[(&str, &str)] = &[
+    ("token=simtok-0123456789abcdef", "simtok-0123456789abcdef"),
+    (
+        "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhIn0.c2lnbmF0dXJl",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhIn0.c2lnbmF0dXJl",
+    ),
+    (
+        "Authorization: Token 9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+        "9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+    ),
+    (
+        "Authorization: Basic YWRtaW46aHVudGVyMjAyNg==",
+        "YWRtaW46aHVudGVyMjAyNg==",
+    ),
+    (
+        "proxy-authorization: Digest username=\"u\", response=\"6629fae49393a05397450978507c4ef1\"",
+        "6629fae49393a05397450978507c4ef1",
+    ),
+    (
+        "PASSWORD=hunter2-correct-horse rest",
+        "hunter2-correct-horse",
+    ),
+    (
+        "db password=\"correct horse battery staple\" host=db",
+        "correct horse battery staple",
+    ),
+    (
+        "passphrase='open sesame 1234' for the key",
+        "open sesame 1234",
+    ),
+    (
+        "{\"api_key\": \"abc123def456ghi789\"}",
+        "abc123def456ghi789",
+    ),
+    (
+        "client_secret: Zm9vYmFyYmF6cXV4MTIz",
+        "Zm9vYmFyYmF6cXV4MTIz",
+    ),
+    (
+        "NGC_API_KEY=nvapi-Abc123Def456Ghi789",
+        "nvapi-Abc123Def456Ghi789",
+    ),
+    (
+        "using key nvapi-Qwe123Rty456Uio789 for nvcr.io",
+        "nvapi-Qwe123Rty456Uio789",
+    ),
+    (
+        "connecting to https://admin:s3cr3tPassw0rd@registry.example/v2",
+        "s3cr3tPassw0rd",
+    ),
+    (
+        "cloning https://ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8@github.com/org/repo",
+        "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+    ),
+    (
+        "GITHUB token ghp_Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2 loaded",
+        "ghp_Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2",
+    ),
+    (
+        "pat github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    ),
+    (
+        "gitlab glpat-xYz123AbC456dEf789gH",
+        "glpat-xYz123AbC456dEf789gH",
+    ),
+    (
+        "aws key AKIAIOSFODNN7EXAMPLE in use",
+        "AKIAIOSFODNN7EXAMPLE",
+    ),
+    (
+        "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
+    (
+        "GET https://bucket.s3.amazonaws.com/o?X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F20260101&X-Amz-Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
+        "fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
+    ),
+    (
+        "GET https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sig=Zm9vYmFyYmF6cXV4cXV1eA%3D%3D&se=2026",
+        "Zm9vYmFyYmF6cXV4cXV1eA",
+    ),
+    (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bm90LWEtcmVhbC1rZXktYnV0LWxvb2tzLWxpa2Utb25l;EndpointSuffix=core.windows.net",
+        "bm90LWEtcmVhbC1rZXktYnV0LWxvb2tzLWxpa2Utb25l",
+    ),
+    (
+        "cookie: session=8c1f2e3d4b5a69788796a5b4c3d2e1f0; theme=dark",
+        "8c1f2e3d4b5a69788796a5b4c3d2e1f0",
+    ),
+    (
+        "Set-Cookie: sid=0f1e2d3c4b5a69788796a5b4c3d2e1f0; HttpOnly",
+        "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+    ),
+    (
+        "jwt eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJpc3MiOiJrOHMifQ.ZmFrZS1zaWduYXR1cmU",
+        "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9",
+    ),
+    (
+        "google key AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+        "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+    ),
+    (
+        "slack xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOp",
+        "xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOp",
+    ),
+    (
+        "stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+        "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    ),
+    (
+        "openai sk-proj-AbCdEfGhIjKlMnOpQrStUvWx0123",
+        "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx0123",
+    ),
+    ("LICENSE_KEY: 1234-ABCD-5678-EFGH", "1234-ABCD-5678-EFGH"),
+    (
+        "key -----BEGIN PRIVATE KEY-----MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7-----END PRIVATE KEY-----",
+        "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw",
+    ),
+    (
+        "-----BEGIN EC PRIVATE KEY----- MHcCAQEEIBkg4LVWM9nuwNSk3yByxZpYRTBnVJk5oCdlZd4FvpgRoAoGCCqGSM49",
+        "MHcCAQEEIBkg4LVWM9nuwNSk3yByxZpYRTBnVJk5oCdlZd4FvpgRoAoGCCqGSM49",
+    ),
+    (
+        "MIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
+        "MIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
+    ),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// No run of 8 characters of `secret` survives in `masked`.
+    fn leaks(secret: &str, masked: &str) -> Option<String> {
+        let chars: Vec<char> = secret.chars().collect();
+        chars
+            .windows(8.min(chars.len()))
+            .map(|w| w.iter().collect::<String>())
+            .find(|w| masked.contains(w.as_str()))
+    }
+
     #[test]
-    fn secrets_are_masked() {
-        let cases = [
-            (
-                "Loaded license server credentials: url=https://license.sim.invalid token=simtok-0123456789abcdef",
-                "simtok-0123456789abcdef",
-            ),
-            (
-                "auth: Bearer eyJhbGciOiJIUzI1NiJ9.x.y failed",
-                "eyJhbGciOiJIUzI1NiJ9",
-            ),
-            ("PASSWORD=hunter2 rest", "hunter2"),
-            (
-                "connecting to https://admin:s3cr3t@registry.example/v2",
-                "s3cr3t",
-            ),
-            ("{\"api_key\": \"abc123\"}", "abc123"),
-            ("NGC_API_KEY=nvapi-xyz", "nvapi-xyz"),
-        ];
-        for (line, secret) in cases {
+    fn planted_secrets() {
+        for (line, secret) in PLANTED_SECRETS {
             let masked = clean_line(line);
-            assert!(!masked.contains(secret), "{line} -> {masked}");
+            assert!(
+                leaks(secret, &masked).is_none(),
+                "{line:?} -> {masked:?} leaks {:?}",
+                leaks(secret, &masked)
+            );
             assert!(masked.contains("***"), "{masked}");
+            // The same through a multi-line tail (a PEM block keeps its lines there).
+            let tail = clean_lines(&format!("first line\n{line}\nlast line"), 5);
+            assert!(leaks(secret, &tail).is_none(), "{tail}");
         }
-        // Lines without secrets are left alone.
-        let plain = "Failed to initialize NVML: could not load NVML library";
-        assert_eq!(clean_line(plain), plain);
+        // A PEM block over several lines, as a termination message holds it.
+        let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\nVTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK\n-----END RSA PRIVATE KEY-----";
+        for lines in [clean_line(pem), clean_lines(pem, 5)] {
+            assert!(!lines.contains("MIIEpAIBAAKCAQEA"), "{lines}");
+            assert!(!lines.contains("VTLw7onLRnrq0"), "{lines}");
+        }
+    }
+
+    #[test]
+    fn lines_without_secrets_are_left_alone() {
+        for plain in [
+            "Failed to initialize NVML: could not load NVML library",
+            "E0102 server.go:364] Cannot register to kubelet service: rpc error: code = Unavailable",
+            "0/4 nodes are available: 1 Insufficient example.com/gpu, 3 node(s) didn't match Pod's node affinity/selector.",
+            "NodePrepareResources failed for ResourceClaim gpu: device gpu-0 not found in pool node-1 of driver gpu.example.com",
+            "pulling image nvcr.io/nvidia/k8s-device-plugin:v0.17.0@sha256:0123456789abcdef0123456789abcdef",
+            "Test PASSED",
+        ] {
+            assert_eq!(clean_line(plain), plain);
+        }
     }
 
     #[test]

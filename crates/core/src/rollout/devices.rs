@@ -169,6 +169,10 @@ pub(super) fn stop(
             e.pools.extend(f.pools);
             e.pools.sort();
             e.pools.dedup();
+            e.skipped.extend(f.skipped);
+            e.skipped.retain(|n| !e.nodes.contains(n));
+            e.skipped.sort();
+            e.skipped.dedup();
             e.effect = f.effect;
             Some(e)
         }
@@ -217,7 +221,16 @@ pub(super) fn stop(
 
 fn describe(q: &QuarantineRecord) -> String {
     let nodes = &q.nodes;
-    match (&q.driver, &q.resource) {
+    let mut what = match (&q.driver, &q.resource) {
+        (Some(d), _) if q.effect == saferollout_api::QuarantineEffect::None.as_str() => format!(
+            "preview only (DeviceTaintRule effect None): the devices of driver {d} on node(s) {} stay in service; {}",
+            crate::gates::list_some(nodes),
+            if q.preview.is_empty() {
+                "what NoExecute would evict is not reported yet".to_string()
+            } else {
+                format!("if the effect was NoExecute: {}", q.preview.join("; "))
+            }
+        ),
         (Some(d), _) => format!(
             "the devices of driver {d} on node(s) {} are out of service (DeviceTaintRule, {})",
             crate::gates::list_some(nodes),
@@ -229,12 +242,30 @@ fn describe(q: &QuarantineRecord) -> String {
             q.effect
         ),
         _ => String::new(),
+    };
+    if nodes.is_empty() {
+        what = format!(
+            "nothing quarantined: the agent publishes nothing of {} on the failed node(s)",
+            q.driver
+                .as_deref()
+                .or(q.resource.as_deref())
+                .unwrap_or("it")
+        );
     }
+    if !q.skipped.is_empty() {
+        what.push_str(&format!(
+            "; not quarantined, since the agent publishes nothing of it there: {}",
+            crate::gates::list_some(&q.skipped)
+        ));
+    }
+    what
 }
 
-/// What a quarantine of `nodes` takes out of service: the pools each node's
-/// baseline recorded (else those published now, else the node's name, the
-/// usual pool name of node-local drivers).
+/// What a quarantine of `nodes` takes out of service, and only what this
+/// rollout's agent publishes or advertises there: for a DRA driver, the
+/// pools each node's baseline recorded (else those the driver publishes on
+/// the node now); for a device plugin, nodes whose baseline or allocatable
+/// lists the resource. A node with nothing of it is left out (and said so).
 fn quarantine_record(
     o: &Observed,
     st: &SafeRolloutStatus,
@@ -242,14 +273,27 @@ fn quarantine_record(
 ) -> Option<QuarantineRecord> {
     let effect = o.spec.quarantine_effect().as_str().to_string();
     match o.spec.quarantine_target()? {
-        QuarantineTarget::Resource(r) => Some(QuarantineRecord {
-            effect,
-            resource: Some(r),
-            nodes: nodes.to_vec(),
-            ..Default::default()
-        }),
+        QuarantineTarget::Resource(r) => {
+            let advertises = |n: &String| {
+                st.stages
+                    .iter()
+                    .any(|s| s.baseline.get(n).is_some_and(|b| b.get(&r).is_some()))
+                    || o.nodes
+                        .get(n.as_str())
+                        .is_some_and(|v| v.allocatable.get(&r).is_some())
+            };
+            let (nodes, skipped) = nodes.iter().cloned().partition(advertises);
+            Some(QuarantineRecord {
+                effect,
+                resource: Some(r),
+                nodes,
+                skipped,
+                ..Default::default()
+            })
+        }
         QuarantineTarget::Driver(d) => {
             let mut pools = BTreeSet::new();
+            let mut skipped = Vec::new();
             for n in nodes {
                 let recorded: Vec<String> = st
                     .stages
@@ -264,11 +308,12 @@ fn quarantine_record(
                     .unwrap_or_default();
                 let names = if !recorded.is_empty() {
                     recorded
-                } else if !published.is_empty() {
-                    published
                 } else {
-                    vec![n.clone()]
+                    published
                 };
+                if names.is_empty() {
+                    skipped.push(n.clone());
+                }
                 for pool in names {
                     pools.insert(QuarantinedPool {
                         node: n.clone(),
@@ -276,19 +321,58 @@ fn quarantine_record(
                     });
                 }
             }
+            let nodes = nodes
+                .iter()
+                .filter(|n| !skipped.contains(n))
+                .cloned()
+                .collect();
             Some(QuarantineRecord {
                 effect,
                 driver: Some(d),
                 pools: pools.into_iter().collect(),
-                nodes: nodes.to_vec(),
+                nodes,
+                skipped,
                 ..Default::default()
             })
         }
     }
 }
 
+/// What the quarantine's DeviceTaintRules of effect `None` say a `NoExecute`
+/// rule would evict (their `EvictionInProgress` condition: counts only),
+/// `<node>/<pool>: <message>`, at most [`saferollout_api::devices::MAX_RECORDED`].
+fn previews(o: &Observed, q: &QuarantineRecord) -> Vec<String> {
+    let (Some(driver), Some(ev)) = (&q.driver, o.evidence.devices) else {
+        return Vec::new();
+    };
+    if q.effect != saferollout_api::QuarantineEffect::None.as_str() {
+        return Vec::new();
+    }
+    q.pools
+        .iter()
+        .filter_map(|p| {
+            let name = rule_name(o.rollout_id, driver, &p.node, &p.pool, &q.effect);
+            let message = ev.quarantine_previews.get(name.as_str())?;
+            Some(format!(
+                "{}/{}: {}",
+                p.node,
+                p.pool,
+                crate::gates::proof::clean_line(message)
+            ))
+        })
+        .take(saferollout_api::devices::MAX_RECORDED)
+        .collect()
+}
+
 /// The DaemonSet carries the stopped revision: nothing more changes.
 pub(super) fn hold(o: &Observed, st: &mut SafeRolloutStatus) {
+    if let Some(q) = st.stopped.as_mut().and_then(|s| s.quarantine.as_mut()) {
+        let seen = previews(o, q);
+        // Kept once the cluster said it (the controller writes it once).
+        if !seen.is_empty() {
+            q.preview = seen;
+        }
+    }
     let Some(s) = st.stopped.clone() else { return };
     let (reason, what) = match (&s.quarantine, s.policy) {
         (Some(q), _) if s.policy == OnFailure::Quarantine => ("Quarantined", describe(q)),

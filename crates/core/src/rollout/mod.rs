@@ -110,6 +110,8 @@ pub struct Observed<'a> {
     pub rollout_id: &'a str,
     /// What the gates beyond podsReady and allocatable observe.
     pub evidence: &'a crate::gates::Evidence<'a>,
+    /// What the operator's administrator lets SafeRollouts ask for.
+    pub limits: &'a crate::limits::AdminLimits,
     pub now: Timestamp,
 }
 
@@ -284,6 +286,11 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     st.converging_nodes
         .retain(|n| o.nodes.contains_key(n.as_str()) && !replace::is_available(o.pods, n));
     handle_retry(o, st, actions);
+    let refused = crate::limits::refusals(o.spec, o.limits, ds.placement.tolerations);
+    if !refused.is_empty() && rolls_forward(o, st, current, &stable) {
+        refuse(o, st, &refused);
+        return None;
+    }
     if let Some(t) = o.spec_template
         && let Some(wait) = gitops::apply_spec_template(o, st, actions, current, &stable, t)
     {
@@ -295,13 +302,52 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         return None;
     }
     if current == stable {
-        return settle::settle(o, st, actions, ds, &stable);
+        let before = (st.phase, st.conditions.clone());
+        let wait = settle::settle(o, st, actions, ds, &stable);
+        if !refused.is_empty() && st.phase == Some(saferollout_api::Phase::Succeeded) {
+            // Nothing to roll now, but the next release would be refused:
+            // say so, from the conditions as they were (so they move only
+            // when something changes).
+            (st.phase, st.conditions) = before;
+            refuse(o, st, &refused);
+        }
+        return wait;
     }
     if is_blocked(st, current) {
         restore_blocked(o, st, actions, current, &stable);
         return None;
     }
     stage::roll(o, st, actions, ds, current)
+}
+
+/// Whether this pass would take the DaemonSet forward: write `spec.template`
+/// or roll a revision that is neither stable, blocked nor stopped. A spec
+/// beyond the operator's limits does neither; reverts and holds go on.
+fn rolls_forward(o: &Observed, st: &SafeRolloutStatus, current: &str, stable: &str) -> bool {
+    let writes_template = o
+        .spec_template
+        .is_some_and(|t| !t.in_place && !is_source_blocked(st, t.hash));
+    let stopped = st.stopped.as_ref().is_some_and(|s| s.revision == current);
+    writes_template || (current != stable && !is_blocked(st, current) && !stopped)
+}
+
+/// `InvalidSpec`: the SafeRollout asks for what the operator's limits
+/// refuse; nothing moves forward until the spec or the limits change.
+fn refuse(o: &Observed, st: &mut SafeRolloutStatus, refused: &[crate::limits::Refusal]) {
+    let list = refused
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    phase::stalled(
+        st,
+        o,
+        saferollout_api::Phase::Failed,
+        "InvalidSpec",
+        format!(
+            "the operator refuses this SafeRollout, and rolls nothing forward until it changes: {list}"
+        ),
+    );
 }
 
 /// Probe pods exist only while their probe is pending in the current stage

@@ -204,6 +204,8 @@ pub struct Losses {
 
 pub struct Model {
     pub spec: SafeRolloutSpec,
+    /// The operator's limits (none by default).
+    pub limits: crate::limits::AdminLimits,
     pub status: SafeRolloutStatus,
     pub cluster: Cluster,
     /// Cluster states of the last seconds, newest last: what lagging caches show.
@@ -270,6 +272,7 @@ impl Model {
         });
         let mut m = Model {
             spec,
+            limits: crate::limits::AdminLimits::unlimited(),
             status: SafeRolloutStatus::default(),
             cluster: Cluster {
                 nodes: BTreeMap::new(),
@@ -333,14 +336,13 @@ impl Model {
     /// probing `sample` nodes of each later stage.
     pub fn add_probe_gate(&mut self, sample: i32) {
         let gates = self.spec.gates.get_or_insert_with(Default::default);
-        gates.probe = Some(saferollout_api::ProbeGate {
-            template: serde_json::json!({"spec": {"containers": [{"name": "probe", "image": "probe:v1"}]}}),
-            resource: Some(RESOURCE.into()),
-            device_class_name: None,
-            sample: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(sample)),
-            delay: "1s".into(),
-            timeout: "10s".into(),
-        });
+        gates.probe = Some(
+            serde_json::from_value(serde_json::json!({
+                "image": "probe:v1", "resource": RESOURCE, "sample": sample,
+                "delay": "1s", "timeout": "10s",
+            }))
+            .expect("a probe gate"),
+        );
     }
 
     pub fn add_node(&mut self, name: &str, i: usize) {
@@ -830,6 +832,7 @@ impl Model {
             nodes: &node_views,
             rollout_id: ROLLOUT_ID,
             evidence: &evidence,
+            limits: &self.limits,
             now: self.now,
         };
         decide(&o)

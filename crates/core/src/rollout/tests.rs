@@ -1043,6 +1043,58 @@ fn abort_reverts_at_once_and_blocks_the_revision() {
 }
 
 #[test]
+fn a_spec_beyond_the_operators_limits_rolls_nothing_forward_but_a_revert_goes_on() {
+    let mut m = settled(4);
+    m.limits = crate::limits::AdminLimits::default();
+    m.spec.on_failure = saferollout_api::OnFailure::Quarantine;
+    m.spec.quarantine = Some(saferollout_api::QuarantineSpec {
+        effect: saferollout_api::QuarantineEffect::NoExecute,
+        resource: Some(RESOURCE.into()),
+        ..Default::default()
+    });
+    // Settled: nothing to roll, but the next release would be refused.
+    m.run(60);
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.reason, "InvalidSpec");
+    assert!(
+        ready.message.contains("--quarantine-allow-no-execute"),
+        "{}",
+        ready.message
+    );
+    m.write_revision("v2", Release::Healthy);
+    m.run(60);
+    assert_eq!(m.status.phase, Some(Phase::Failed));
+    assert_eq!(m.pods_on("v2"), 0, "nothing rolled forward");
+    assert!(m.labelled().is_empty());
+    // Allowed: the same revision rolls.
+    m.limits.quarantine_no_execute = true;
+    m.run(600);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    // A revert under way is never held by a refusal.
+    m.write_revision("v3", Release::Broken);
+    for _ in 0..600 {
+        if is_blocked(&m.status, "v3") {
+            break;
+        }
+        m.reconcile(Lag::default(), Losses::default());
+        m.advance();
+    }
+    assert!(is_blocked(&m.status, "v3"), "{:#?}", m.status);
+    assert!(m.pods_on("v3") > 0, "the revert has nodes to bring back");
+    m.limits.quarantine_no_execute = false;
+    m.spec.on_failure = saferollout_api::OnFailure::Revert;
+    m.spec.quarantine = None;
+    m.spec.gates.as_mut().unwrap().logs = Some(saferollout_api::LogsGate {
+        patterns: vec![r"\Qx\E".into()],
+        ..Default::default()
+    });
+    m.run(600);
+    assert!(m.all_on("v2"), "reverted to v2 despite the refused spec");
+    no_violations(&m);
+}
+
+#[test]
 fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
     let m = Model::new(1);
     let pods = crate::views::PodsByNode::default();
@@ -1061,6 +1113,7 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         nodes: &nodes,
         rollout_id: "ns.plugin",
         evidence: &crate::gates::Evidence::default(),
+        limits: &crate::limits::UNLIMITED,
         now: m.now,
     };
     let d = decide(&base);

@@ -54,11 +54,13 @@ pub enum Cause {
     /// A status write that went behind its pass failed: the next pass
     /// writes the status again.
     StatusRetry,
+    /// A prometheus gate's query, run beside the passes, finished.
+    Measurement,
 }
 
 impl Cause {
     /// Every cause, in declaration order (its discriminant is its index).
-    const ALL: [Cause; 10] = [
+    const ALL: [Cause; 11] = [
         Cause::SafeRollout,
         Cause::DaemonSet,
         Cause::AgentPod,
@@ -69,6 +71,7 @@ impl Cause {
         Cause::LabelWrites,
         Cause::Leading,
         Cause::StatusRetry,
+        Cause::Measurement,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +86,7 @@ impl Cause {
             Cause::LabelWrites => "label_writes",
             Cause::Leading => "leading",
             Cause::StatusRetry => "status_retry",
+            Cause::Measurement => "measurement",
         }
     }
 }

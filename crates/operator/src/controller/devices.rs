@@ -742,24 +742,29 @@ fn node_of(p: &Pod) -> Option<String> {
 /// The device objects one reconcile reads, held while it decides.
 #[derive(Default)]
 pub struct DeviceWorld {
+    /// The SafeRollout's namespace (status names only its objects).
+    namespace: String,
     unavailable: Option<String>,
     slices: Vec<Arc<ResourceSlice>>,
     claims: Vec<Arc<ResourceClaim>>,
     pods: Vec<(String, Vec<Arc<Pod>>)>,
     probes: Vec<Arc<Pod>>,
-    rules: Option<Vec<String>>,
+    /// The rollout's quarantine rules: name, and their EvictionInProgress
+    /// message.
+    rules: Option<Vec<(String, Option<String>)>>,
 }
 
 /// Reads what the device gates of `sr` need from the caches.
 pub fn gather(sr: &SafeRollout, d: &DeviceCaches) -> DeviceWorld {
+    let ns = sr.metadata.namespace.clone().unwrap_or_default();
     if let Some(why) = &d.unavailable {
         return DeviceWorld {
+            namespace: ns,
             unavailable: Some(why.clone()),
             ..Default::default()
         };
     }
     let id = id_of(sr);
-    let ns = sr.metadata.namespace.clone().unwrap_or_default();
     let driver = sr.spec.device_driver();
     let slices = match (driver, &d.slices) {
         (Some(driver), Some(store)) => store
@@ -790,10 +795,11 @@ pub fn gather(sr: &SafeRollout, d: &DeviceCaches) -> DeviceWorld {
             .state()
             .iter()
             .filter(|r| r.labels().get(ROLLOUT_LABEL) == Some(&id))
-            .map(|r| r.name_any())
+            .map(|r| (r.name_any(), eviction_message(r)))
             .collect()
     });
     DeviceWorld {
+        namespace: ns,
         unavailable: None,
         slices,
         claims,
@@ -807,6 +813,7 @@ impl DeviceWorld {
     /// The evidence, borrowed from what this world holds.
     pub fn evidence(&self) -> DeviceEvidence<'_> {
         let mut ev = DeviceEvidence {
+            namespace: &self.namespace,
             unavailable: self.unavailable.as_deref(),
             ..Default::default()
         };
@@ -821,9 +828,28 @@ impl DeviceWorld {
         ev.quarantine_rules = self
             .rules
             .as_ref()
-            .map(|r| r.iter().map(String::as_str).collect());
+            .map(|r| r.iter().map(|(name, _)| name.as_str()).collect());
+        ev.quarantine_previews = self
+            .rules
+            .iter()
+            .flatten()
+            .filter_map(|(name, m)| Some((name.as_str(), m.as_deref()?)))
+            .collect();
         ev
     }
+}
+
+/// The message of a DeviceTaintRule's `EvictionInProgress` condition (for
+/// effect None: what NoExecute would evict, counts only), bounded.
+fn eviction_message(rule: &DynamicObject) -> Option<String> {
+    rule.data
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(|t| t.as_str()) == Some("EvictionInProgress"))?
+        .get("message")?
+        .as_str()
+        .map(|m| m.chars().take(512).collect())
 }
 
 #[cfg(test)]

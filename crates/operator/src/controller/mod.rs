@@ -36,6 +36,7 @@ use kube::{Client, ResourceExt};
 use saferollout_api::{FINALIZER, LastGoodTemplate, Phase, SafeRollout, SafeRolloutStatus};
 use saferollout_core::durability;
 use saferollout_core::expectations::Expectations;
+use saferollout_core::limits::AdminLimits;
 use saferollout_core::rollout::{Action, SpecTemplate, set_stalled};
 use saferollout_core::transitions;
 use sha2::{Digest, Sha256};
@@ -101,6 +102,8 @@ pub struct Context {
     memory: Memories,
     /// Node and pod writes in flight, all SafeRollouts together.
     pub write_slots: writes::WriteSlots,
+    /// What the operator's administrator lets SafeRollouts ask for.
+    pub limits: Arc<AdminLimits>,
 }
 
 impl Context {
@@ -320,6 +323,7 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
                 preflight: preflight.as_ref(),
                 rollout_id: &id,
                 evidence,
+                limits: &ctx.limits,
                 now,
             },
             &mut m.expectations,
@@ -553,19 +557,50 @@ async fn run_preflight(
 }
 
 /// The SafeRollout is being deleted: give the DaemonSet back to its own
-/// controller. Pods keep running whatever they run; the original update
-/// strategy (usually RollingUpdate) then converges them on the DaemonSet's
+/// controller, never with a release its gates stopped
+/// (`saferollout_core::deletion`): over a stopped or blocked revision the
+/// last good template is written back first (and the write waited for), and
+/// while agents still run a stopped revision the DaemonSet stays OnDelete.
+/// Otherwise pods keep running whatever they run and the original update
+/// strategy (usually RollingUpdate) converges them on the DaemonSet's
 /// current template. Labels go; backups are garbage-collected with the owner.
 /// A SafeRollout that never owned the DaemonSet (refused as a second one)
 /// changes nothing of it.
 async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requeue> {
     let world = snapshot::dereference(sr, &ctx.caches);
-    let original = sr
-        .status
-        .as_ref()
-        .and_then(|s| s.original_update_strategy.clone());
-    if let (Some(_), Some(original), None) = (&world.ds, original, &world.owned_by_other) {
-        writes::give_back(ctx, &key.0, &sr.spec.target_ref.name, &original).await?;
+    let no_status = SafeRolloutStatus::default();
+    let status = sr.status.as_ref().unwrap_or(&no_status);
+    if let (Some(_), Some(original), None) = (
+        &world.ds,
+        status.original_update_strategy.as_ref(),
+        &world.owned_by_other,
+    ) {
+        let stopped = status.stopped.as_ref().map(|s| s.revision.as_str());
+        let agents_on_stopped = world
+            .agent_pods()
+            .any(|p| !p.deleting && Some(p.revision) == stopped);
+        let hand_back = saferollout_core::deletion::hand_back(
+            status,
+            world.current_revision(),
+            agents_on_stopped,
+            sr.annotations()
+                .get(saferollout_api::ON_DELETE_ANNOTATION)
+                .map(String::as_str),
+        );
+        if hand_back.restore_last_good {
+            // Waited for: the strategy is handed back only over the last good template.
+            writes::perform(sr, ctx, key, &world, None, &Action::RestoreLastGood).await?;
+        }
+        if hand_back.restore_strategy {
+            writes::give_back(ctx, &key.0, &sr.spec.target_ref.name, original).await?;
+        }
+        info!(ns = %key.0, name = %key.1, message = %hand_back.message, "SafeRollout deleted");
+        let event = Action::Event {
+            warning: hand_back.restore_last_good || !hand_back.restore_strategy,
+            reason: "HandedBack".into(),
+            message: hand_back.message,
+        };
+        let _ = writes::perform(sr, ctx, key, &world, None, &event).await;
     }
     let id = ctx.rollout_id(key);
     // Label writes still queued land first; those the cache does not show
@@ -607,12 +642,15 @@ pub struct Options {
     pub device_gates: bool,
     /// Held nodes watched one by one before one cluster-wide pod watch.
     pub per_node_pod_watches: usize,
+    /// What SafeRollouts may ask for (flags; see `saferollout_core::limits`).
+    pub limits: AdminLimits,
 }
 
 /// The caches, started and filling: what [`run`] reconciles from.
 pub struct Started {
     /// The connection the writes go over (the caches watch over another).
     writer: Client,
+    limits: Arc<AdminLimits>,
     metrics: Arc<Metrics>,
     caches: Arc<Caches>,
     triggers: Arc<Triggers>,
@@ -650,6 +688,7 @@ pub async fn start(
     }
     Ok(Started {
         writer,
+        limits: Arc::new(options.limits),
         metrics,
         caches,
         triggers,
@@ -665,6 +704,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let Started {
         writer,
+        limits,
         metrics,
         caches,
         triggers,
@@ -678,6 +718,7 @@ pub async fn run(
         triggers: triggers.clone(),
         memory: Default::default(),
         write_slots: Default::default(),
+        limits,
     });
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

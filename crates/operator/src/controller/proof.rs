@@ -9,11 +9,16 @@
 //!   open and once after it closed, at most 4 at a time, each with a
 //!   timeout, and scanned at once with the pure patterns of
 //!   `saferollout_core::gates::logs` (only the scan result is kept).
-//! - Prometheus queries run when one is due (`prometheus::due`, from the
-//!   tally in status, and at most once per interval per gate in memory),
-//!   with `$STAGE_NODES` from status, over HTTP(S) with the gate's timeout;
-//!   a bearer token or CA is read from its Secret by name when configured,
-//!   and never logged or written anywhere.
+//! - Prometheus queries run beside the passes, never in them: when one is
+//!   due (`prometheus::due`, from the tally in status, at most once per
+//!   interval per gate, one at a time) and every node the rollout holds runs
+//!   a Ready new agent, a task runs it and wakes the rollout with its
+//!   measurement, which the next pass hands to the gate; so a slow or
+//!   hostile server never delays a revert. Only addresses the operator's
+//!   limits allow are dialled, a Secret is read (by name) only for an
+//!   address it is bound to, and a token only goes over https; the answer is
+//!   read up to 4 MiB and 10,000 samples within the gate's timeout (at most
+//!   30 s), and what a server says goes to status truncated and masked.
 //!
 //! Re-checks are requeues the gates ask for; nothing here loops or sleeps.
 
@@ -65,6 +70,20 @@ pub struct Memory {
     probe_errors: BTreeMap<String, String>,
     /// Per prometheus gate: when it was last queried.
     queried: HashMap<String, Instant>,
+    /// Per prometheus gate: the last measurement a query task finished.
+    measured: HashMap<String, Measurement>,
+    /// Per prometheus gate: the query task under way.
+    in_flight: HashMap<String, tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Memory {
+    /// A forgotten rollout (deleted, or this replica no longer leads) stops
+    /// its queries.
+    fn drop(&mut self) {
+        for task in self.in_flight.values() {
+            task.abort();
+        }
+    }
 }
 
 /// The nodes status says the rollout holds now (stages up to the current one).
@@ -93,7 +112,7 @@ fn current_gates(st: &SafeRolloutStatus) -> &[GateResult] {
 /// Everything the three gates observe for `sr` now.
 pub async fn gather(
     sr: &SafeRollout,
-    ctx: &Context,
+    ctx: &Arc<Context>,
     key: &RolloutKey,
     status: &SafeRolloutStatus,
     world: &World,
@@ -121,7 +140,7 @@ pub async fn gather(
         evidence.agent_logs = agent_logs(ctx, key, gate, status, world, now).await;
     }
     if rolling && !spec.prometheus_gates().is_empty() {
-        evidence.measurements = measurements(sr, ctx, key, status, now).await;
+        evidence.measurements = measurements(sr, ctx, key, status, world, now);
     }
     evidence
 }
@@ -368,58 +387,106 @@ async fn agent_logs(
     out
 }
 
-async fn measurements(
+/// Starts the prometheus queries that are due (each in a task of its own)
+/// and hands in the measurements the tasks finished.
+fn measurements(
     sr: &SafeRollout,
-    ctx: &Context,
+    ctx: &Arc<Context>,
     key: &RolloutKey,
     status: &SafeRolloutStatus,
+    world: &World,
     now: Timestamp,
 ) -> BTreeMap<String, Measurement> {
     let held = held_nodes(status);
     if held.is_empty() {
         return BTreeMap::new();
     }
+    let target = status.target_revision.as_deref().unwrap_or_default();
+    // A measurement is evidence about the new agents: taken only once every
+    // node the rollout holds runs one, Ready (the gate waits until then).
+    let serving = held.iter().all(|n| {
+        world.agent_pods().any(|p| {
+            p.node == n.as_str() && p.revision == target && !p.deleting && p.running && p.ready
+        })
+    });
     let gates = current_gates(status);
-    let mut out = BTreeMap::new();
-    for gate in sr.spec.prometheus_gates() {
-        let name = prometheus::gate_name(&gate.name);
-        let previous = gates.iter().find(|g| g.gate == name);
+    let names: Vec<String> = sr
+        .spec
+        .prometheus_gates()
+        .iter()
+        .map(|g| prometheus::gate_name(&g.name))
+        .collect();
+    for (gate, name) in sr.spec.prometheus_gates().iter().zip(&names) {
+        let previous = gates.iter().find(|g| &g.gate == name);
         let every = gate.interval.to_std().unwrap_or(Duration::from_secs(30));
-        let recently = ctx.memory(key, |m| {
-            m.proof
-                .queried
-                .get(&name)
-                .is_some_and(|at| at.elapsed() < every)
+        let (recently, busy) = ctx.memory(key, |m| {
+            (
+                m.proof
+                    .queried
+                    .get(name)
+                    .is_some_and(|at| at.elapsed() < every),
+                m.proof
+                    .in_flight
+                    .get(name)
+                    .is_some_and(|t| !t.is_finished()),
+            )
         });
-        if !prometheus::due(gate, previous, now) || recently {
+        if !serving || !prometheus::due(gate, previous, now) || recently || busy {
             continue;
         }
-        ctx.memory(key, |m| {
-            m.proof.queried.insert(name.clone(), Instant::now())
-        });
         let query = prometheus::render_query(gate, &held);
-        let outcome = query_prometheus(ctx, &key.0, gate, &query).await;
-        debug!(ns = %key.0, gate = %name, ?outcome, "prometheus measurement");
-        out.insert(
-            name,
-            Measurement {
-                at: now,
-                stage_nodes: prometheus::stage_nodes_regex(&held),
-                outcome,
-            },
-        );
+        let stage_nodes = prometheus::stage_nodes_regex(&held);
+        let task = {
+            let (ctx, key, gate, name) = (ctx.clone(), key.clone(), gate.clone(), name.clone());
+            tokio::spawn(async move {
+                let outcome = query_prometheus(&ctx, &key.0, &gate, &query).await;
+                debug!(ns = %key.0, gate = %name, ?outcome, "prometheus measurement");
+                let m = Measurement {
+                    at: now,
+                    stage_nodes,
+                    outcome,
+                };
+                ctx.memory(&key, |mem| mem.proof.measured.insert(name, m));
+                ctx.triggers.send(
+                    kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
+                    super::caches::Cause::Measurement,
+                );
+            })
+        };
+        ctx.memory(key, |m| {
+            m.proof.queried.insert(name.clone(), Instant::now());
+            m.proof.in_flight.insert(name.clone(), task);
+        });
     }
-    out
+    ctx.memory(key, |m| {
+        m.proof.measured.retain(|g, _| names.contains(g));
+        m.proof
+            .measured
+            .iter()
+            .map(|(g, m)| (g.clone(), m.clone()))
+            .collect()
+    })
 }
 
-/// One instant query; every failure is an inconclusive outcome with a
-/// message that carries no credential.
+/// Most of a Prometheus answer the operator reads: a larger one is
+/// inconclusive (a healthy instant query over a fleet is far smaller).
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// Most samples of one answer.
+pub const MAX_SAMPLES: usize = 10_000;
+
+/// One instant query, within the operator's limits; every failure is an
+/// inconclusive outcome with a message that carries no credential.
 pub async fn query_prometheus(
     ctx: &Context,
     ns: &str,
     gate: &PrometheusGate,
     query: &str,
 ) -> MeasurementOutcome {
+    // The pass refuses such a spec (InvalidSpec); checked again here, before
+    // any Secret is read or any address dialled.
+    if let Some(refusal) = saferollout_core::limits::refusals_of_prometheus(gate, &ctx.limits) {
+        return MeasurementOutcome::Error(refusal);
+    }
     let token = match &gate.bearer_token_secret {
         Some(r) => match secret_value(ctx, ns, r).await {
             Ok(v) => Some(v),
@@ -458,7 +525,7 @@ async fn secret_value(
             r.name,
             match e {
                 kube::Error::Api(s) => format!("{} ({})", s.reason, s.code),
-                other => other.to_string(),
+                other => clean_line(&other.to_string()),
             }
         )
     })?;
@@ -470,8 +537,10 @@ async fn secret_value(
         .ok_or_else(|| format!("Secret {:?} has no key {:?}", r.name, r.key))
 }
 
-/// The query against `address`, with an optional bearer token and CA
-/// bundle (PEM).
+/// The query against `address` (POST `/api/v1/query`), with an optional
+/// bearer token (https only) and CA bundle (PEM); at most `timeout` (and
+/// never more than the schema's 30 s) for the whole exchange, the answer
+/// read up to [`MAX_ANSWER_BYTES`].
 pub async fn query_with(
     address: &str,
     query: &str,
@@ -479,60 +548,149 @@ pub async fn query_with(
     token: Option<&[u8]>,
     ca_pem: Option<&[u8]>,
 ) -> MeasurementOutcome {
+    let timeout = timeout.min(saferollout_api::proof::max_prometheus_timeout());
+    if token.is_some() && !address.starts_with("https://") {
+        return MeasurementOutcome::Error("a bearer token is sent only over https".into());
+    }
     let client = match http_client(timeout, token, ca_pem) {
         Ok(c) => c,
         Err(e) => return MeasurementOutcome::Error(e),
     };
-    let client = match prometheus_http_query::Client::from(client, address) {
-        Ok(c) => c,
-        Err(e) => return MeasurementOutcome::Error(format!("address {address:?}: {e}")),
+    let url = format!("{}/api/v1/query", address.trim_end_matches('/'));
+    let secs = format!("{}s", timeout.as_secs().max(1));
+    let exchange = async {
+        let mut answer = client
+            .post(&url)
+            .form(&[("query", query), ("timeout", secs.as_str())])
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
+        let code = answer.status();
+        if answer
+            .content_length()
+            .is_some_and(|l| l > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = answer.chunk().await.map_err(|e| describe(&e))? {
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok((code, body))
     };
-    let secs = timeout.as_secs().max(1) as i64;
-    let run = client.query(query).timeout(secs * 1000).get();
-    let result = match tokio::time::timeout(timeout, run).await {
+    let (code, body) = match tokio::time::timeout(timeout, exchange).await {
         Err(_) => {
             return MeasurementOutcome::Error(format!("the query timed out after {timeout:?}"));
         }
-        Ok(Err(e)) => return MeasurementOutcome::Error(describe(&e)),
-        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return MeasurementOutcome::Error(e),
+        Ok(Ok(answer)) => answer,
     };
-    use prometheus_http_query::response::Data;
-    let samples = match result.data() {
-        Data::Vector(v) => v
-            .iter()
-            .map(|iv| Sample {
-                labels: iv
-                    .metric()
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                value: iv.sample().value(),
-            })
-            .collect(),
-        Data::Scalar(s) => vec![Sample {
-            labels: BTreeMap::new(),
-            value: s.value(),
-        }],
-        Data::Matrix(_) => {
-            return MeasurementOutcome::Error(
-                "the query returned a range vector; use an instant vector or scalar".into(),
-            );
+    parse_answer(code.as_u16(), &body)
+}
+
+fn too_large() -> String {
+    format!(
+        "the answer exceeds {} MiB; the operator stopped reading it",
+        MAX_ANSWER_BYTES >> 20
+    )
+}
+
+/// The Prometheus HTTP API's answer to an instant query.
+#[derive(serde::Deserialize)]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    data: Option<AnswerData>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+enum AnswerData {
+    Vector(Vec<VectorSample>),
+    Scalar((f64, String)),
+    Matrix(serde::de::IgnoredAny),
+    String(serde::de::IgnoredAny),
+}
+
+#[derive(serde::Deserialize)]
+struct VectorSample {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
+    value: (f64, String),
+}
+
+/// A sample's value as Prometheus writes it (`"1"`, `"NaN"`, `"+Inf"`).
+fn sample_value(v: &str) -> f64 {
+    v.parse().unwrap_or(f64::NAN)
+}
+
+/// The samples of an answer, or what was wrong with it (cleaned: a server's
+/// words reach status).
+fn parse_answer(code: u16, body: &[u8]) -> MeasurementOutcome {
+    let answer: Answer = match serde_json::from_slice(body) {
+        Ok(a) => a,
+        Err(_) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
+            return MeasurementOutcome::Error(clean_line(&format!(
+                "the server answered {code} and not the Prometheus API: {text}"
+            )));
         }
     };
-    MeasurementOutcome::Samples(samples)
+    if answer.status != "success" || !(200..300).contains(&code) {
+        return MeasurementOutcome::Error(clean_line(&format!(
+            "Prometheus answered {code}: {}: {}",
+            answer.error_type.as_deref().unwrap_or("error"),
+            answer.error.as_deref().unwrap_or("no error message")
+        )));
+    }
+    match answer.data {
+        Some(AnswerData::Vector(v)) if v.len() > MAX_SAMPLES => MeasurementOutcome::Error(format!(
+            "the query returned {} samples, more than {MAX_SAMPLES}: aggregate it (e.g. max by (node))",
+            v.len()
+        )),
+        Some(AnswerData::Vector(v)) => MeasurementOutcome::Samples(
+            v.into_iter()
+                .map(|s| Sample {
+                    labels: s.metric,
+                    value: sample_value(&s.value.1),
+                })
+                .collect(),
+        ),
+        Some(AnswerData::Scalar((_, v))) => MeasurementOutcome::Samples(vec![Sample {
+            labels: BTreeMap::new(),
+            value: sample_value(&v),
+        }]),
+        Some(AnswerData::Matrix(_)) | Some(AnswerData::String(_)) => MeasurementOutcome::Error(
+            "the query returned a range vector or a string; use an instant vector or scalar".into(),
+        ),
+        None => MeasurementOutcome::Error("Prometheus answered success without data".into()),
+    }
 }
 
 /// An error without anything a request carried (no headers, no token).
-fn describe(e: &prometheus_http_query::Error) -> String {
-    use prometheus_http_query::Error;
-    match e {
-        Error::Prometheus(p) => format!("Prometheus answered an error: {p}"),
-        Error::Client(c) => {
-            // reqwest's message names the URL (not the headers); cut to one line.
-            clean_line(&format!("request failed: {c}"))
-        }
-        other => clean_line(&other.to_string()),
+fn describe(e: &reqwest::Error) -> String {
+    // reqwest's message names the URL (not the headers); cut to one line.
+    let what = if e.is_connect() {
+        "cannot connect"
+    } else if e.is_timeout() {
+        "timed out"
+    } else {
+        "request failed"
+    };
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
     }
+    clean_line(&format!("{what}: {text}"))
 }
 
 fn http_client(
@@ -585,6 +743,8 @@ fn http_client(
         .no_proxy()
         // A redirect would carry the token elsewhere.
         .redirect(reqwest::redirect::Policy::none())
+        // The token goes only over TLS, whatever the address says.
+        .https_only(token.is_some())
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
@@ -657,9 +817,9 @@ pub async fn create_probes(
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
                 // Refused for good (invalid, forbidden): the gate reports it at its timeout.
-                Err(kube::Error::Api(s)) if (400..500).contains(&s.code) => {
-                    Err(format!("{} ({}): {}", s.reason, s.code, s.message))
-                }
+                Err(kube::Error::Api(s)) if (400..500).contains(&s.code) => Err(clean_line(
+                    &format!("{} ({}): {}", s.reason, s.code, s.message),
+                )),
                 Err(e) => return Err(e.into()),
             },
         };
@@ -728,51 +888,210 @@ pub async fn delete_probes(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
-    /// A Prometheus HTTP API stand-in on loopback that answers only with
-    /// the right bearer token (real Prometheus has no bearer auth; the
-    /// end-to-end tests use a real one without it).
-    async fn fake_prometheus(token: &'static str) -> u16 {
-        use axum::http::{HeaderMap, StatusCode};
-        let app = axum::Router::new().route(
-            "/api/v1/query",
-            axum::routing::get(move |headers: HeaderMap| async move {
-                let ok = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    == Some(&format!("Bearer {token}"));
-                let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
-                if !ok {
-                    return (
-                        StatusCode::UNAUTHORIZED,
-                        json,
-                        r#"{"status":"error","errorType":"unauthorized","error":"bad token"}"#,
-                    );
-                }
-                (
-                    StatusCode::OK,
-                    json,
-                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"node":"n1"},"value":[1.0,"1"]}]}}"#,
-                )
-            }),
+    const VECTOR: &str = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"node":"n1"},"value":[1.0,"1"]}]}}"#;
+
+    /// Reads one HTTP/1.1 request (head and a Content-Length body); returns the head.
+    async fn read_request<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                break;
+            }
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).into_owned();
+        let len = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        let _ = s.read_exact(&mut body).await;
+        head
+    }
+
+    fn response(code: u16, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// A Prometheus HTTP API stand-in over TLS on 127.0.0.1 (a self-signed
+    /// certificate from openssl) that answers only with the right bearer
+    /// token: (port, the CA bundle, requests served).
+    async fn tls_prometheus(token: &'static str) -> (u16, Vec<u8>, Arc<AtomicUsize>) {
+        let dir = std::env::temp_dir().join(format!("sr-prom-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .current_dir(&dir)
+                .args(args)
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        // A CA, and a certificate for 127.0.0.1 it signed.
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &[
+                    "-subj",
+                    "/CN=test-ca",
+                    "-days",
+                    "1",
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.pem",
+                ],
+            ]
+            .concat(),
         );
+        openssl(
+            &[
+                &["req"][..],
+                &ec,
+                &[
+                    "-subj",
+                    "/CN=127.0.0.1",
+                    "-keyout",
+                    "key.pem",
+                    "-out",
+                    "leaf.csr",
+                ],
+            ]
+            .concat(),
+        );
+        std::fs::write(
+            dir.join("ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+            "-out",
+            "cert.pem",
+        ]);
+        let (key, cert) = (dir.join("key.pem"), dir.join("cert.pem"));
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+        let leaf = std::fs::read(&cert).unwrap();
+        let certs: Vec<CertificateDer> = CertificateDer::pem_slice_iter(&leaf)
+            .map(|c| c.unwrap())
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        port
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, count) = (acceptor.clone(), count.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let head = read_request(&mut tls).await;
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let authorized = head.lines().any(|l| {
+                        l.to_ascii_lowercase().starts_with("authorization:")
+                            && l.ends_with(&format!("Bearer {token}"))
+                    });
+                    let answer = if authorized {
+                        response(200, VECTOR)
+                    } else {
+                        response(
+                            401,
+                            r#"{"status":"error","errorType":"unauthorized","error":"bad token"}"#,
+                        )
+                    };
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (port, ca, served)
+    }
+
+    /// A plain HTTP server on 127.0.0.1 that answers each request with
+    /// `answer` (run with the connection; it may stream forever or never
+    /// answer): (port, requests served).
+    async fn raw_server<F, Fut>(answer: F) -> (u16, Arc<AtomicUsize>)
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        let answer = Arc::new(answer);
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                read_request(&mut tcp).await;
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(answer(tcp));
+            }
+        });
+        (port, served)
     }
 
     #[tokio::test]
-    async fn the_bearer_token_is_sent_and_never_in_an_error() {
-        let port = fake_prometheus("s3cr3t-token").await;
-        let address = format!("http://127.0.0.1:{port}");
+    async fn the_bearer_token_goes_only_over_https_and_never_into_an_error() {
+        let (port, ca, served) = tls_prometheus("s3cr3t-token").await;
+        let address = format!("https://127.0.0.1:{port}");
         let ok = query_with(
             &address,
             "up",
             Duration::from_secs(5),
             Some(b"s3cr3t-token\n"),
-            None,
+            Some(&ca),
         )
         .await;
         assert_eq!(
@@ -787,13 +1106,52 @@ mod tests {
             "up",
             Duration::from_secs(5),
             Some(b"other-token"),
-            None,
+            Some(&ca),
         )
         .await;
         match wrong {
-            MeasurementOutcome::Error(e) => assert!(!e.contains("other-token"), "{e}"),
+            MeasurementOutcome::Error(e) => {
+                assert!(!e.contains("other-token"), "{e}");
+                assert!(e.contains("401") && e.contains("unauthorized"), "{e}");
+            }
             other => panic!("{other:?}"),
         }
+        // Without the CA the server is not trusted: nothing is sent.
+        let untrusted = query_with(
+            &address,
+            "up",
+            Duration::from_secs(5),
+            Some(b"s3cr3t-token"),
+            None,
+        )
+        .await;
+        assert!(
+            matches!(untrusted, MeasurementOutcome::Error(_)),
+            "{untrusted:?}"
+        );
+        assert_eq!(
+            served.load(Ordering::SeqCst),
+            2,
+            "the untrusted handshake sent no request"
+        );
+        // A token is never sent in the clear: refused before dialling.
+        let (plain, plain_served) = raw_server(|mut tcp| async move {
+            let _ = tcp.write_all(response(200, VECTOR).as_bytes()).await;
+        })
+        .await;
+        let clear = query_with(
+            &format!("http://127.0.0.1:{plain}"),
+            "up",
+            Duration::from_secs(5),
+            Some(b"s3cr3t-token"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            clear,
+            MeasurementOutcome::Error("a bearer token is sent only over https".into())
+        );
+        assert_eq!(plain_served.load(Ordering::SeqCst), 0);
         // Nothing listens: an error, not a hang.
         let closed = query_with(
             "http://127.0.0.1:1",
@@ -804,5 +1162,132 @@ mod tests {
         )
         .await;
         assert!(matches!(closed, MeasurementOutcome::Error(_)), "{closed:?}");
+    }
+
+    #[tokio::test]
+    async fn an_endless_answer_is_cut_at_4_mib_and_a_silent_server_at_the_timeout() {
+        let written = Arc::new(AtomicUsize::new(0));
+        let counter = written.clone();
+        let (port, _) = raw_server(move |mut tcp| {
+            let counter = counter.clone();
+            async move {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n";
+                let _ = tcp.write_all(head.as_bytes()).await;
+                let _ = tcp
+                    .write_all(br#"{"status":"success","data":{"resultType":"vector","result":["#)
+                    .await;
+                let sample = br#"{"metric":{"node":"n"},"value":[1,"1"]},"#.repeat(1024);
+                // Up to 1 GiB, as long as the client reads.
+                while counter.load(Ordering::SeqCst) < 1 << 30 {
+                    if tcp.write_all(&sample).await.is_err() {
+                        return;
+                    }
+                    counter.fetch_add(sample.len(), Ordering::SeqCst);
+                }
+            }
+        })
+        .await;
+        let started = Instant::now();
+        let big = query_with(
+            &format!("http://127.0.0.1:{port}"),
+            "up",
+            Duration::from_secs(20),
+            None,
+            None,
+        )
+        .await;
+        match big {
+            MeasurementOutcome::Error(e) => assert!(e.contains("exceeds 4 MiB"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "cut, not timed out"
+        );
+        // The connection is dropped: the server stops far below 1 GiB.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = written.load(Ordering::SeqCst);
+        assert!(sent < 64 << 20, "the server wrote {sent} bytes");
+
+        let (silent, served) = raw_server(|tcp| async move {
+            // Holds the connection and never answers.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(tcp);
+        })
+        .await;
+        let started = Instant::now();
+        let hung = query_with(
+            &format!("http://127.0.0.1:{silent}"),
+            "up",
+            Duration::from_secs(1),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(served.load(Ordering::SeqCst), 1);
+        match hung {
+            MeasurementOutcome::Error(e) => assert!(e.contains("timed out"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn answers_are_parsed_bounded_and_what_a_server_says_is_cleaned() {
+        match parse_answer(
+            200,
+            br#"{"status":"success","data":{"resultType":"scalar","result":[1.5,"NaN"]}}"#,
+        ) {
+            MeasurementOutcome::Samples(s) => {
+                assert!(
+                    s.len() == 1 && s[0].value.is_nan() && s[0].labels.is_empty(),
+                    "{s:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_answer(200, br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"node":"a"},"value":[1,"+Inf"]}]}}"#) {
+            MeasurementOutcome::Samples(s) => assert_eq!(s[0].value, f64::INFINITY),
+            other => panic!("{other:?}"),
+        }
+        let many = format!(
+            r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+            vec![r#"{"metric":{},"value":[1,"0"]}"#; MAX_SAMPLES + 1].join(",")
+        );
+        match parse_answer(200, many.as_bytes()) {
+            MeasurementOutcome::Error(e) => assert!(e.contains("more than 10000"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let html = format!(
+            "<html>proxy error; upstream token=tok-9f8e7d6c5b4a {}</html>",
+            "x".repeat(1000)
+        );
+        match parse_answer(502, html.as_bytes()) {
+            MeasurementOutcome::Error(e) => {
+                assert!(e.contains("502") && !e.contains("tok-9f8e7d6c5b4a"), "{e}");
+                assert!(
+                    e.chars().count() <= saferollout_core::gates::proof::MAX_LINE,
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_answer(422, br#"{"status":"error","errorType":"bad_data","error":"parse error: password=hunter2-prom"}"#) {
+            MeasurementOutcome::Error(e) => {
+                assert!(e.contains("bad_data") && !e.contains("hunter2-prom"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_answer(
+            200,
+            br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#,
+        ) {
+            MeasurementOutcome::Error(e) => assert!(e.contains("range vector"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

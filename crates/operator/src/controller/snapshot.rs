@@ -168,6 +168,8 @@ pub struct Extras<'a> {
     pub rollout_id: &'a str,
     /// What the gates beyond podsReady and allocatable observe.
     pub evidence: saferollout_core::gates::Evidence<'a>,
+    /// What the operator's administrator lets SafeRollouts ask for.
+    pub limits: &'a saferollout_core::limits::AdminLimits,
     pub now: Timestamp,
 }
 
@@ -216,6 +218,7 @@ pub fn decide(
         nodes: &node_views,
         rollout_id: extras.rollout_id,
         evidence: &extras.evidence,
+        limits: extras.limits,
         now: extras.now,
     };
     let decision = saferollout_core::decide(&observed);

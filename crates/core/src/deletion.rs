@@ -1,0 +1,174 @@
+//! What deleting a SafeRollout does to its DaemonSet: the finalizer hands
+//! the DaemonSet back to its own controller, but never with a release the
+//! gates stopped on it.
+//!
+//! - The DaemonSet carries a revision the gates stopped (`onFailure: Halt`
+//!   or `Quarantine`) or blocked (a revert whose restore has not landed):
+//!   the last good template is written back first, and the finalizer waits
+//!   for that write. Without it, the original strategy (usually
+//!   RollingUpdate) would roll the stopped release to every node, unguarded.
+//! - While an agent still runs a stopped revision (Halt, Quarantine), the
+//!   DaemonSet stays `OnDelete`: those nodes keep what they run (a forward-
+//!   only driver is never downgraded by a deletion) and no agent pod
+//!   changes; a person replaces them when ready. Otherwise the original
+//!   strategy is restored (a revert under way is then finished by the
+//!   DaemonSet controller, towards the last good template).
+//! - `saferollout.dev/on-delete: KeepTemplate` asks for the DaemonSet as it
+//!   is, original strategy included: the old behaviour, stated explicitly.
+
+use saferollout_api::{ON_DELETE_KEEP_TEMPLATE, SafeRolloutStatus};
+
+/// How the finalizer hands the DaemonSet back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandBack {
+    /// Write the last good template back first, and wait for the write.
+    pub restore_last_good: bool,
+    /// Restore the original update strategy (else leave `OnDelete`).
+    pub restore_strategy: bool,
+    /// What happens and why, for the log and the Event.
+    pub message: String,
+}
+
+/// What deleting the SafeRollout does, from its status, the revision the
+/// DaemonSet carries (`None`: unknown or no DaemonSet), whether an agent pod
+/// still runs the stopped revision, and the `on-delete` annotation.
+pub fn hand_back(
+    status: &SafeRolloutStatus,
+    current: Option<&str>,
+    agents_on_stopped: bool,
+    annotation: Option<&str>,
+) -> HandBack {
+    let stable = status.stable_revision.as_deref();
+    let stopped = status.stopped.as_ref().map(|s| s.revision.as_str());
+    let blocked = |r: &str| status.blocked_revisions.iter().any(|b| b.revision == r);
+    if annotation == Some(ON_DELETE_KEEP_TEMPLATE) {
+        return HandBack {
+            restore_last_good: false,
+            restore_strategy: true,
+            message: format!(
+                "handing the DaemonSet back as it is ({ON_DELETE_KEEP_TEMPLATE}): its template{} and its original update strategy",
+                current
+                    .map(|c| format!(" (revision {c})"))
+                    .unwrap_or_default()
+            ),
+        };
+    }
+    let stopped_on_ds =
+        current.is_some_and(|c| Some(c) == stopped || (Some(c) != stable && blocked(c)));
+    let restore_last_good = stopped_on_ds && stable.is_some();
+    let keep_on_delete = stopped.is_some() && (agents_on_stopped || current == stopped);
+    let mut message = match (restore_last_good, current) {
+        (true, Some(c)) => format!(
+            "revision {c} was stopped by its gates: wrote the last good template (revision {}) back before handing the DaemonSet back",
+            stable.unwrap_or_default()
+        ),
+        _ => "handing the DaemonSet back".to_string(),
+    };
+    if keep_on_delete {
+        message.push_str(&format!(
+            "; the DaemonSet stays OnDelete, since agents still run revision {}, which its gates stopped: no agent pod is replaced until a person replaces them or sets the update strategy",
+            stopped.unwrap_or_default()
+        ));
+    } else {
+        message.push_str("; its original update strategy is restored");
+    }
+    HandBack {
+        restore_last_good,
+        restore_strategy: !keep_on_delete,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use saferollout_api::{BlockedRevision, OnFailure, StoppedRollout};
+
+    use super::*;
+
+    fn status(stopped: Option<OnFailure>, blocked: &[&str]) -> SafeRolloutStatus {
+        SafeRolloutStatus {
+            stable_revision: Some("good".into()),
+            blocked_revisions: blocked
+                .iter()
+                .map(|r| BlockedRevision {
+                    revision: r.to_string(),
+                    reason: "GateFailed".into(),
+                    message: String::new(),
+                    template_hash: None,
+                    blocked_at: Time(jiff::Timestamp::UNIX_EPOCH),
+                })
+                .collect(),
+            stopped: stopped.map(|policy| StoppedRollout {
+                revision: "bad".into(),
+                policy,
+                message: String::new(),
+                nodes: vec!["node-0".into()],
+                stopped_at: Time(jiff::Timestamp::UNIX_EPOCH),
+                quarantine: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_halted_or_quarantined_release_is_replaced_by_the_last_good_and_nothing_rolls() {
+        for policy in [OnFailure::Halt, OnFailure::Quarantine] {
+            let h = hand_back(&status(Some(policy), &["bad"]), Some("bad"), true, None);
+            assert!(h.restore_last_good, "{policy:?}");
+            assert!(!h.restore_strategy, "{policy:?}: OnDelete stays");
+            assert!(h.message.contains("stays OnDelete"), "{}", h.message);
+        }
+    }
+
+    #[test]
+    fn a_revert_under_way_is_finished_towards_the_last_good() {
+        // The restore has not landed: write it, then hand the strategy back.
+        let h = hand_back(&status(None, &["bad"]), Some("bad"), false, None);
+        assert!(h.restore_last_good && h.restore_strategy, "{h:?}");
+        // It landed: nothing to write.
+        let h = hand_back(&status(None, &["bad"]), Some("good"), false, None);
+        assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
+    }
+
+    #[test]
+    fn a_rollout_in_progress_or_done_is_handed_back_as_before() {
+        let h = hand_back(&status(None, &[]), Some("new"), false, None);
+        assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
+        // A stopped revision no agent runs any more, the DaemonSet moved on.
+        let h = hand_back(
+            &status(Some(OnFailure::Halt), &["bad"]),
+            Some("fix"),
+            false,
+            None,
+        );
+        assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
+        // One still runs it: nothing is replaced.
+        let h = hand_back(
+            &status(Some(OnFailure::Halt), &["bad"]),
+            Some("fix"),
+            true,
+            None,
+        );
+        assert!(!h.restore_last_good && !h.restore_strategy, "{h:?}");
+    }
+
+    #[test]
+    fn keep_template_hands_back_as_is() {
+        let h = hand_back(
+            &status(Some(OnFailure::Halt), &["bad"]),
+            Some("bad"),
+            true,
+            Some(ON_DELETE_KEEP_TEMPLATE),
+        );
+        assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
+    }
+
+    #[test]
+    fn without_a_last_good_nothing_is_written_and_nothing_rolls() {
+        let mut st = status(Some(OnFailure::Halt), &["bad"]);
+        st.stable_revision = None;
+        let h = hand_back(&st, Some("bad"), true, None);
+        assert!(!h.restore_last_good && !h.restore_strategy, "{h:?}");
+    }
+}
