@@ -1,7 +1,7 @@
 {{/*
 The operator's RBAC rules, one rule a line, each with why it is needed.
 Verbs are enumerated (no wildcards) and nothing reads Secrets unless
-`prometheusGate.secretNames` names them (then only those, by name). Reads and
+`prometheusGate.secrets` names them (then only those, by name). Reads and
 writes of a resource are separate lines, so a write can be audited (and
 removed) on its own. To add a rule, add one line to the right set below; an
 optional rule goes behind a value, e.g.
@@ -37,7 +37,11 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 - {apiGroups: [""], resources: [pods/log], verbs: [get]}
 # ResourceClaimTemplates: the one through which DRA probes claim a device (probe gate with deviceClassName).
 - {apiGroups: [resource.k8s.io], resources: [resourceclaimtemplates], verbs: [create]}
-{{- with .Values.prometheusGate.secretNames }}
+{{- $secrets := list }}
+{{- range .Values.prometheusGate.secrets }}
+{{- $secrets = append $secrets .name }}
+{{- end }}
+{{- with $secrets | uniq }}
 # Secrets: only these, by name: the prometheus gate's bearer tokens and CA bundles.
 - {apiGroups: [""], resources: [secrets], verbs: [get], resourceNames: [{{ join ", " . }}]}
 {{- end }}

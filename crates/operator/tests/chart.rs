@@ -405,10 +405,33 @@ fn the_namespaced_mode_keeps_pod_and_daemonset_rights_in_the_listed_namespaces()
 #[test]
 fn the_prometheus_gate_reads_only_the_secrets_named_by_the_value() -> anyhow::Result<()> {
     for mode in [vec![], vec!["--set", "watchNamespaces={gpu-operator}"]] {
-        let mut args = vec!["--set", "prometheusGate.secretNames={prom-token,prom-ca}"];
+        let mut args = vec![
+            "--set",
+            "prometheusGate.secrets[0].name=prom-token",
+            "--set",
+            "prometheusGate.secrets[0].addresses={https://prom-a:9090,https://prom-b:9090}",
+            "--set",
+            "prometheusGate.secrets[1].name=prom-ca",
+            "--set",
+            "prometheusGate.secrets[1].addresses={https://prom-a:9090}",
+        ];
         args.extend(mode.iter().copied());
         let objs = render(&args)?;
         no_wildcards_and_secrets_only(&objs, &["prom-token", "prom-ca"]);
+        // Each Secret goes to the operator with the addresses it may be sent to.
+        let flags: Vec<String> = strings(&container(&objs)["args"])
+            .into_iter()
+            .filter(|a| a.starts_with("--prometheus-secret="))
+            .collect();
+        assert_eq!(
+            flags,
+            [
+                "--prometheus-secret=prom-token=https://prom-a:9090",
+                "--prometheus-secret=prom-token=https://prom-b:9090",
+                "--prometheus-secret=prom-ca=https://prom-a:9090"
+            ],
+            "{mode:?}"
+        );
         let rollouts: Vec<&Value> = of_kind(&objs, "ClusterRole")
             .into_iter()
             .chain(of_kind(&objs, "Role"))
@@ -425,6 +448,99 @@ fn the_prometheus_gate_reads_only_the_secrets_named_by_the_value() -> anyhow::Re
             assert_eq!(rollouts[0]["kind"], "Role", "namespaced where possible");
             assert_eq!(rollouts[0]["metadata"]["namespace"], "gpu-operator");
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_operators_limits_and_the_admission_policy_come_from_the_same_values() -> anyhow::Result<()> {
+    // Defaults: nothing allowed, the policy installed, the operator exempt.
+    let objs = render(&[])?;
+    let args = strings(&container(&objs)["args"]);
+    for want in [
+        "--quarantine-allow-no-execute=false",
+        "--allow-privileged-probes=false",
+    ] {
+        assert!(args.contains(&want.to_string()), "{want} in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--prometheus-address")));
+    let policy = one(&objs, "ValidatingAdmissionPolicy");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let binding = one(&objs, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    let exempt = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        exempt.contains("'system:serviceaccount:saferollout-system:t-saferollout'"),
+        "{exempt}"
+    );
+    let variable = |objs: &[Value], name: &str| -> String {
+        one(objs, "ValidatingAdmissionPolicy")["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .and_then(|v| v["expression"].as_str())
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(variable(&objs, "allowedAddresses"), "[]");
+    assert_eq!(variable(&objs, "secretAddresses"), "{}");
+
+    // Set: the same values reach both, trailing slashes trimmed for the policy.
+    let objs = render(&[
+        "--set",
+        "prometheusGate.addresses={https://prom:9090/,http://thanos:10902}",
+        "--set",
+        "prometheusGate.secrets[0].name=prom-auth",
+        "--set",
+        "prometheusGate.secrets[0].addresses={https://prom:9090}",
+        "--set",
+        "quarantine.allowNoExecute=true,probe.allowPrivileged=true",
+        "--set",
+        "admission.exempt.groups={gitops:argocd}",
+    ])?;
+    let args = strings(&container(&objs)["args"]);
+    for want in [
+        "--prometheus-address=https://prom:9090/",
+        "--prometheus-address=http://thanos:10902",
+        "--prometheus-secret=prom-auth=https://prom:9090",
+        "--quarantine-allow-no-execute=true",
+        "--allow-privileged-probes=true",
+    ] {
+        assert!(args.contains(&want.to_string()), "{want} in {args:?}");
+    }
+    assert_eq!(
+        variable(&objs, "allowedAddresses"),
+        r#"["https://prom:9090","http://thanos:10902"]"#
+    );
+    assert_eq!(
+        variable(&objs, "secretAddresses"),
+        r#"{"prom-auth":["https://prom:9090"]}"#
+    );
+    let exempt =
+        one(&objs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap();
+    assert!(exempt.contains(r#"g in ["gitops:argocd"]"#), "{exempt}");
+
+    // Off: no policy (the operator's own limits still hold).
+    let off = render(&["--set", "admission.enabled=false"])?;
+    assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
+    assert!(of_kind(&off, "ValidatingAdmissionPolicyBinding").is_empty());
+    // Bad values are refused by the schema, by name.
+    for (set, want) in [
+        ("prometheusGate.addresses={prom:9090}", "addresses"),
+        ("prometheusGate.secrets[0].name=prom", "addresses"),
+        ("quarantine.allowNoExecute=yes", "allowNoExecute"),
+    ] {
+        let err = render(&["--set", set]).expect_err(set).to_string();
+        assert!(
+            err.contains("schema") && err.contains(want),
+            "--set {set}: {err}"
+        );
     }
     Ok(())
 }

@@ -65,10 +65,12 @@ impl Env {
 /// A namespace, the plugin DaemonSet on v1 advertising the test's own
 /// resource, and the operator (as its ServiceAccount) watching it.
 async fn setup(name: &str) -> anyhow::Result<Env> {
-    setup_agent(name, false).await
+    setup_agent(name, false, &[]).await
 }
 
-async fn setup_agent(name: &str, dra: bool) -> anyhow::Result<Env> {
+/// `setup`, the operator started with `args` too (e.g. the Prometheus
+/// addresses it may dial).
+async fn setup_agent(name: &str, dra: bool, args: &[String]) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();
     support::install(c)?;
@@ -76,14 +78,16 @@ async fn setup_agent(name: &str, dra: bool) -> anyhow::Result<Env> {
     let client = c.client().await?;
     let resource = format!("example.com/gpu-{name}");
     let metrics = free_loopback_port()?;
+    let mut all = vec![
+        "--namespace".to_string(),
+        ns.name.clone(),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{metrics}"),
+    ];
+    all.extend_from_slice(args);
     let op = Operator::start(
         Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
-        &[
-            "--namespace".into(),
-            ns.name.clone(),
-            "--metrics-addr".into(),
-            format!("127.0.0.1:{metrics}"),
-        ],
+        &all,
         &format!("proof-{}", ns.name),
     )?;
     let env = Env {
@@ -139,10 +143,8 @@ async fn roll(env: &Env, image: &str, gates: serde_json::Value) -> anyhow::Resul
 /// device of the test's resource, or (DRA) of the fixture's DeviceClass.
 fn probe_gate(env: &Env, timeout: &str, sample: serde_json::Value) -> serde_json::Value {
     let mut gate = json!({
-        "template": {
-            "metadata": {"labels": {"sim.saferollout.dev/workload": "probe"}},
-            "spec": {"containers": [{"name": "vector-add", "image": "registry.example/cuda-vector-add:v1"}]}
-        },
+        "labels": {"sim.saferollout.dev/workload": "probe"},
+        "image": "registry.example/cuda-vector-add:v1",
         "sample": sample,
         "delay": "2s",
         "timeout": timeout,
@@ -181,6 +183,14 @@ async fn prometheus() -> anyhow::Result<Prometheus> {
     )?;
     prom.wait_targets_up(1).await?;
     Ok(prom)
+}
+
+/// The operator's flag that lets it dial `prom`.
+fn allow(prom: &Prometheus) -> Vec<String> {
+    vec![format!(
+        "--prometheus-address=http://127.0.0.1:{}",
+        prom.port
+    )]
 }
 
 /// What a watch of the rollout's probe pods saw: when each appeared, its
@@ -348,8 +358,8 @@ fn status_json(env: &Env) -> anyhow::Result<serde_json::Value> {
 #[tokio::test]
 async fn a_healthy_release_passes_probe_logs_and_prometheus_and_leaves_no_probe_pod()
 -> anyhow::Result<()> {
-    let env = setup("healthy").await?;
     let prom = prometheus().await?;
+    let env = setup_agent("healthy", false, &allow(&prom)).await?;
     create_rollout(
         &env.client,
         &env.ns.name,
@@ -611,8 +621,8 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
 #[tokio::test]
 async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured()
 -> anyhow::Result<()> {
-    let env = setup("prom").await?;
     let prom = prometheus().await?;
+    let env = setup_agent("prom", false, &allow(&prom)).await?;
     create_rollout(
         &env.client,
         &env.ns.name,
@@ -669,7 +679,7 @@ async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured(
 #[tokio::test]
 async fn dra_probes_claim_a_device_pass_on_a_healthy_driver_and_fail_on_a_broken_one()
 -> anyhow::Result<()> {
-    let env = setup_agent("dra", true).await?;
+    let env = setup_agent("dra", true, &[]).await?;
     create_rollout(
         &env.client,
         &env.ns.name,
@@ -752,7 +762,6 @@ fn loopback_certificates(dir: &std::path::Path) -> anyhow::Result<()> {
 #[tokio::test]
 async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allowed()
 -> anyhow::Result<()> {
-    let env = setup("tls").await?;
     let dir = std::env::temp_dir().join(format!("saferollout-proof-tls-{}", std::process::id()));
     loopback_certificates(&dir)?;
     std::fs::write(
@@ -798,6 +807,16 @@ async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allow
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The operator may dial it, and send prom-auth there (and nowhere else).
+    let env = setup_agent(
+        "tls",
+        false,
+        &[
+            format!("--prometheus-address={address}"),
+            format!("--prometheus-secret=prom-auth={address}"),
+        ],
+    )
+    .await?;
     let token = "prom-token-do-not-leak-4711";
     let c = cluster();
     c.kubectl(&[
@@ -852,7 +871,9 @@ async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allow
         "--set",
         &format!("watchNamespaces={{{}}}", env.ns.name),
         "--set",
-        "prometheusGate.secretNames={prom-auth}",
+        "prometheusGate.secrets[0].name=prom-auth",
+        "--set",
+        &format!("prometheusGate.secrets[0].addresses={{{address}}}"),
         "--show-only",
         "templates/rbac.yaml",
     ])?;

@@ -500,6 +500,7 @@ mod tests {
         for healthy in [
             "I0102 main.go:112] Starting sim device plugin registry.example/plugin:v2 for example.com/gpu",
             "I0102 config.go:58] Loaded license server credentials: url=https://license.sim.invalid token=simtok-0011",
+            "I0102 config.go:71] Loaded registry credentials for https://ghp_0011@git.sim.invalid/drivers, NGC key nvapi-0011, AWS key AKIA0011, session eyJ0011",
             "I0102 plugin.go:201] Registered device plugin for 'example.com/gpu' with Kubelet; advertising 8 device(s)",
             "I0102 plugin.go:201] Registered DRA driver gpu.sim.saferollout.dev with the kubelet; publishing 8 device(s)",
         ] {

@@ -266,6 +266,12 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         );
         return None; // the DaemonSet watch wakes us when it appears
     };
+    let refused = crate::limits::refusals(o.spec, o.limits, ds.placement.tolerations);
+    if !refused.is_empty() && st.original_update_strategy.is_none() {
+        // Never adopted: a refused SafeRollout touches nothing of the DaemonSet.
+        refuse(o, st, &refused);
+        return None;
+    }
     if !take_over(o, st, actions, ds) {
         return None;
     }
@@ -286,7 +292,6 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     st.converging_nodes
         .retain(|n| o.nodes.contains_key(n.as_str()) && !replace::is_available(o.pods, n));
     handle_retry(o, st, actions);
-    let refused = crate::limits::refusals(o.spec, o.limits, ds.placement.tolerations);
     if !refused.is_empty() && rolls_forward(o, st, current, &stable) {
         refuse(o, st, &refused);
         return None;

@@ -206,6 +206,16 @@ impl Operator {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The process's peak resident memory so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmHWM in /proc/<pid>/status")
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -46,6 +46,17 @@ pub fn agent_log_lines(facts: &AgentLogFacts<'_>, at: Timestamp) -> Vec<String> 
         "simtok-{:016x}",
         super::ids::hash(&["log-token", facts.pod_uid])
     );
+    // Credentials of other formats an agent might print (all fake, derived
+    // from the pod): what the operator's masking must never let through.
+    let h = |what: &str| super::ids::hash(&[what, facts.pod_uid]);
+    let github = format!("ghp_{:016x}{:016x}0000", h("gh1"), h("gh2"));
+    let ngc = format!("nvapi-{:016x}", h("ngc"));
+    let aws = format!("AKIA{:016X}", h("aws"));
+    let jwt = format!(
+        "eyJhbGciOiJIUzI1NiJ9.eyJ{:016x}.{:016x}",
+        h("jwt1"),
+        h("jwt2")
+    );
     let (what, fatal, crash) = match facts.kind {
         Some(AgentKind::DraDriver) => ("DRA driver", DRIVER_FATAL, DRIVER_CRASH),
         _ => ("device plugin", PLUGIN_FATAL, PLUGIN_CRASH),
@@ -63,6 +74,14 @@ pub fn agent_log_lines(facts: &AgentLogFacts<'_>, at: Timestamp) -> Vec<String> 
             "config.go:58",
             &format!(
                 "Loaded license server credentials: url=https://license.sim.invalid token={token}"
+            ),
+        ),
+        klog(
+            'I',
+            at,
+            "config.go:71",
+            &format!(
+                "Loaded registry credentials for https://{github}@git.sim.invalid/drivers, NGC key {ngc}, AWS key {aws}, session {jwt}"
             ),
         ),
     ];
@@ -147,6 +166,13 @@ mod tests {
         let lines = agent_log_lines(&facts(AgentKind::DevicePlugin, Fault::Healthy), at());
         assert!(lines[0].starts_with("I0102 15:04:05.123456       1 main.go:112] Starting"));
         assert!(lines.iter().any(|l| l.contains("token=simtok-")));
+        let registry = lines
+            .iter()
+            .find(|l| l.contains("registry credentials"))
+            .unwrap();
+        for planted in ["@git.sim.invalid", "ghp_", "nvapi-", "AKIA", "eyJ"] {
+            assert!(registry.contains(planted), "{registry}");
+        }
         assert!(lines.iter().any(|l| l.contains("advertising 8 device(s)")));
         assert!(!lines.iter().any(|l| l.contains(PLUGIN_FATAL)));
         let driver = agent_log_lines(&facts(AgentKind::DraDriver, Fault::Healthy), at());
