@@ -250,13 +250,156 @@ async fn a_quarantined_nodes_remaining_devices_are_refused_until_the_rollout_is_
 
     // Deleting the SafeRollout lifts it (rules are cluster-scoped: no owner
     // reference can collect them; the finalizer does), and the waiting pod
-    // gets a device of the node.
-    srs(&env).delete("driver", &Default::default()).await?;
-    wait_for_object(&srs(&env), "driver", TIMEOUT, |s| s.is_none()).await?;
+    // gets a device of the node. It never rolls the stopped release.
+    let deleted = delete_stopped_rollout(&env).await?;
     wait_rules(&env, |rs| rs.is_empty()).await?;
     let done = wait_pod(&env, "on-canary", |p| phase(p) == "Succeeded").await?;
     assert_eq!(done.spec.and_then(|s| s.node_name).as_deref(), Some(CANARY));
+    deleted
+        .no_agent_changes_for(Duration::from_secs(60))
+        .await?;
     Ok(())
+}
+
+#[tokio::test]
+async fn a_quarantine_of_effect_none_previews_what_no_execute_would_evict() -> anyhow::Result<()> {
+    let env = setup("quarantine-none").await?;
+    create_driver(&env, V1).await?;
+    let mut spec = quarantine_spec(&env);
+    spec["quarantine"] = json!({"effect": "None"});
+    create_rollout(&env, spec).await?;
+    set_image(&env, "registry.example/sim-dra-driver:v2.0.0-fewer").await?;
+    wait_status(&env, TIMEOUT, |st| st.stopped.is_some()).await?;
+    let found = wait_rules(&env, |rs| !rs.is_empty()).await?;
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].spec.taint.effect, "None");
+    // The device-taint controller reports what NoExecute would do; the
+    // operator copies it to status and says it in the Stalled condition.
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.stopped
+            .as_ref()
+            .and_then(|s| s.quarantine.as_ref())
+            .is_some_and(|q| !q.preview.is_empty())
+    })
+    .await?;
+    let q = st.stopped.as_ref().unwrap().quarantine.clone().unwrap();
+    eprintln!("MEASURE quarantine preview: {:?}", q.preview);
+    assert_eq!(q.effect, "None");
+    assert!(
+        q.preview[0].starts_with(&format!("{CANARY}/{CANARY}: "))
+            && q.preview[0].contains("if the effect was NoExecute"),
+        "{:?}",
+        q.preview
+    );
+    let stalled = support::condition(&st, "Stalled").unwrap();
+    assert!(
+        stalled
+            .message
+            .contains("preview only (DeviceTaintRule effect None)"),
+        "{}",
+        stalled.message
+    );
+    // Nothing is out of service: the canary's remaining devices still allocate.
+    ask_for_a_device(&env, "on-canary", CANARY).await?;
+    let done = wait_pod(&env, "on-canary", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    assert_eq!(phase(&done), "Succeeded", "{:#?}", done.status);
+    Ok(())
+}
+
+/// What a watch of the driver's pods saw created after a point.
+struct PodCreations {
+    created: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodCreations {
+    /// Watches the driver's agent pods; records each one created from now on
+    /// (name, image).
+    async fn watch(env: &Env) -> anyhow::Result<Self> {
+        use futures::TryStreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+        let existing: std::collections::BTreeSet<String> = api
+            .list(&ListParams::default().labels("app=driver"))
+            .await?
+            .items
+            .iter()
+            .filter_map(|p| p.uid())
+            .collect();
+        let created = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = created.clone();
+        let task = tokio::spawn(async move {
+            let stream = watcher(api, watcher::Config::default().labels("app=driver"))
+                .default_backoff()
+                .applied_objects();
+            futures::pin_mut!(stream);
+            let mut known = existing;
+            while let Ok(Some(p)) = stream.try_next().await {
+                if known.insert(p.uid().unwrap_or_default()) {
+                    seen.lock()
+                        .unwrap()
+                        .push((p.name_any(), support::image_of(&p).to_string()));
+                }
+            }
+        });
+        Ok(PodCreations { created, task })
+    }
+
+    /// No agent pod is created (no node's agent changes revision) for `window`.
+    async fn no_agent_changes_for(self, window: Duration) -> anyhow::Result<()> {
+        // Nothing to wait for: the assertion is that nothing happens.
+        tokio::time::sleep(window).await;
+        self.task.abort();
+        let created = self.created.lock().unwrap().clone();
+        anyhow::ensure!(
+            created.is_empty(),
+            "agent pods created after the deletion: {created:?}"
+        );
+        Ok(())
+    }
+}
+
+/// Deletes the stopped (Halted or Quarantined) rollout and checks how the
+/// DaemonSet was handed back: the last good template written back, OnDelete
+/// kept while agents run the stopped release, an Event saying so. Returns
+/// the watch of agent pod creations started before the deletion.
+async fn delete_stopped_rollout(env: &Env) -> anyhow::Result<PodCreations> {
+    let before = wait_status(env, TIMEOUT, |st| st.stopped.is_some()).await?;
+    let stopped = before.stopped.clone().unwrap();
+    let dss = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name);
+    let image = |ds: &DaemonSet| {
+        ds.spec.template.spec.as_ref().unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap_or_default()
+    };
+    let stopped_image = image(&dss.get("driver").await?);
+    assert_ne!(
+        stopped_image, V1,
+        "the DaemonSet carries the stopped release"
+    );
+    let creations = PodCreations::watch(env).await?;
+    srs(env).delete("driver", &Default::default()).await?;
+    wait_for_object(&srs(env), "driver", TIMEOUT, |s| s.is_none()).await?;
+    let ds = dss.get("driver").await?;
+    assert_eq!(image(&ds), V1, "the last good template is back");
+    assert_eq!(
+        ds.spec.update_strategy.and_then(|s| s.type_).as_deref(),
+        Some("OnDelete"),
+        "the failed nodes keep what they run: nothing is replaced"
+    );
+    let said = wait_events(env, "HandedBack").await?;
+    assert!(
+        said.iter().any(|m| m.contains(&format!(
+            "revision {} was stopped by its gates: wrote the last good template",
+            stopped.revision
+        )) && m.contains("stays OnDelete")),
+        "{said:?}"
+    );
+    Ok(creations)
 }
 
 /// A counter of the operator's metrics.
@@ -392,5 +535,11 @@ async fn halt_stops_and_changes_nothing_more() -> anyhow::Result<()> {
         1,
         "one Event, not one per pass"
     );
+
+    // Deleting the halted SafeRollout never rolls the stopped release.
+    delete_stopped_rollout(&env)
+        .await?
+        .no_agent_changes_for(Duration::from_secs(60))
+        .await?;
     Ok(())
 }

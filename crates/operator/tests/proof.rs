@@ -11,8 +11,11 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -550,6 +553,22 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
         .items;
     let log = pods.logs(&any[0].name_any(), &Default::default()).await?;
     assert!(log.contains("token=simtok-"), "{log}");
+    // And credentials of other formats (the masking corpus's, end to end):
+    // each agent's are its own, so the values are read from every agent's log.
+    let mut planted: Vec<String> = Vec::new();
+    for p in &any {
+        let log = pods.logs(&p.name_any(), &Default::default()).await?;
+        for word in log.split(|c: char| c.is_whitespace() || c == ',' || c == '@' || c == '/') {
+            let word = word.trim_start_matches("token=");
+            if ["simtok-", "ghp_", "nvapi-", "AKIA", "eyJ"]
+                .iter()
+                .any(|p| word.starts_with(p))
+            {
+                planted.push(word.to_string());
+            }
+        }
+    }
+    assert!(planted.len() >= 5 * any.len(), "{planted:?}");
 
     let fatal = "registry.example/plugin:v2-fatallog";
     roll(
@@ -582,7 +601,7 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
     roll(
         &env,
         "registry.example/plugin:v3",
-        json!({"logs": {"builtin": [], "patterns": ["license server credentials"], "window": "30s", "interval": "2s"}}),
+        json!({"logs": {"builtin": [], "patterns": ["registry credentials"], "window": "30s", "interval": "2s"}}),
     )
     .await?;
     let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
@@ -591,29 +610,29 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
     .await?;
     let g = failed_gate(&st, "logs");
     assert!(
-        g.message.contains("license server credentials") && g.message.contains("***"),
+        g.message.contains("registry credentials") && g.message.contains("***"),
         "{}",
         g.message
     );
 
-    // No secret value anywhere in status or Events.
+    // No secret value anywhere in status, Events or the operator's log.
     let sr = srs(&env).get("plugin").await?;
     let status_text = serde_json::to_string(&sr.status)?;
-    assert!(
-        !status_text.contains("simtok-"),
-        "a token in status: {status_text}"
-    );
     // The gate failures are Events (published after the status write).
     let events = support::wait_events(&env.client, &env.ns.name, "GateFailed").await?;
     let events_text = serde_json::to_string(&events)?;
-    assert!(
-        !events_text.contains("simtok-"),
-        "a token in Events: {events_text}"
-    );
-    assert!(
-        !env.op.log_text().contains("simtok-"),
-        "a token in the operator's log"
-    );
+    let log_text = env.op.log_text();
+    for secret in planted.iter().map(String::as_str).chain(["simtok-"]) {
+        assert!(
+            !status_text.contains(secret),
+            "{secret} in status: {status_text}"
+        );
+        assert!(
+            !events_text.contains(secret),
+            "{secret} in Events: {events_text}"
+        );
+        assert!(!log_text.contains(secret), "{secret} in the operator's log");
+    }
     wait_gate_failures(&env, "logs", 2.0).await?;
     Ok(())
 }
@@ -922,5 +941,226 @@ async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allow
     );
     drop(prom);
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A Prometheus stand-in on 127.0.0.1 that answers every query with an
+/// endless instant vector (up to 1 GiB per answer, while the client reads):
+/// (port, bytes written, queries answered).
+async fn endless_prometheus() -> anyhow::Result<(u16, Arc<AtomicUsize>, Arc<AtomicUsize>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let written = Arc::new(AtomicUsize::new(0));
+    let queries = Arc::new(AtomicUsize::new(0));
+    let (w, q) = (written.clone(), queries.clone());
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let (w, q) = (w.clone(), q.clone());
+            tokio::spawn(async move {
+                if read_request(&mut tcp).await.is_none() {
+                    return;
+                }
+                q.fetch_add(1, Ordering::SeqCst);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[";
+                if tcp.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = br#"{"metric":{"node":"sim-gpu-0"},"value":[1,"1"]},"#.repeat(2048);
+                let mut sent = 0usize;
+                while sent < 1 << 30 {
+                    if tcp.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    sent += chunk.len();
+                    w.fetch_add(chunk.len(), Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    Ok((port, written, queries))
+}
+
+/// A Prometheus stand-in that accepts queries and never answers: (port,
+/// queries received, queries waiting now).
+async fn silent_prometheus() -> anyhow::Result<(u16, Arc<AtomicUsize>, Arc<AtomicUsize>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let queries = Arc::new(AtomicUsize::new(0));
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let (q, w) = (queries.clone(), waiting.clone());
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let (q, w) = (q.clone(), w.clone());
+            tokio::spawn(async move {
+                if read_request(&mut tcp).await.is_none() {
+                    return;
+                }
+                q.fetch_add(1, Ordering::SeqCst);
+                w.fetch_add(1, Ordering::SeqCst);
+                // Holds the connection open, silent, until the client goes.
+                let mut rest = [0u8; 1];
+                let _ = tcp.read(&mut rest).await;
+                w.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Ok((port, queries, waiting))
+}
+
+/// Reads one HTTP request's head (the body is a small form): `None` when the
+/// connection closed first.
+async fn read_request(tcp: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if tcp.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    tcp.read_exact(&mut body).await.ok()?;
+    Some(head)
+}
+
+#[tokio::test]
+async fn a_hostile_prometheus_is_inconclusive_bounded_and_never_delays_a_revert()
+-> anyhow::Result<()> {
+    let (endless_port, written, endless_queries) = endless_prometheus().await?;
+    let (silent_port, silent_queries, silent_waiting) = silent_prometheus().await?;
+    let endless = format!("http://127.0.0.1:{endless_port}");
+    let silent = format!("http://127.0.0.1:{silent_port}");
+    let env = setup_agent(
+        "hostile",
+        false,
+        &[
+            format!("--prometheus-address={endless}"),
+            format!("--prometheus-address={silent}"),
+        ],
+    )
+    .await?;
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        spec(&env, V1, json!({})),
+    )
+    .await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+
+    // A healthy release whose two prometheus gates read the hostile servers,
+    // with the longest timeout a gate may have; inconclusive: Pause holds
+    // the canary meanwhile.
+    let gate = |name: &str, address: &str| {
+        json!({"name": name, "address": address, "query": "up{node=~\"$STAGE_NODES\"}",
+            "condition": "== 1", "interval": "2s", "count": 1, "timeout": "30s",
+            "inconclusive": "Pause"})
+    };
+    let gates = json!({"prometheus": [gate("endless", &endless), gate("silent", &silent)]});
+    roll(&env, "registry.example/plugin:v2", gates.clone()).await?;
+    let reason_of = |st: &SafeRolloutStatus, gate: &str| {
+        st.stages
+            .first()
+            .and_then(|s| s.gates.iter().find(|g| g.gate == gate))
+            .map(|g| (g.status, g.reason.clone(), g.message.clone()))
+    };
+    let st = wait_status(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        Duration::from_secs(120),
+        |st| {
+            ["prometheus/endless", "prometheus/silent"]
+                .iter()
+                .all(|g| reason_of(st, g).is_some_and(|(_, r, _)| r == "Inconclusive"))
+        },
+    )
+    .await?;
+    for (gate, says) in [
+        ("prometheus/endless", "exceeds 4 MiB"),
+        ("prometheus/silent", "timed out after 30s"),
+    ] {
+        let (status, _, message) = reason_of(&st, gate).unwrap();
+        assert_eq!(status, GateStatus::Pending, "{gate}: Pause holds the stage");
+        assert!(message.contains(says), "{gate}: {message}");
+    }
+    let sent = written.load(Ordering::SeqCst);
+    let answers = endless_queries.load(Ordering::SeqCst);
+    eprintln!(
+        "MEASURE endless Prometheus: {answers} answer(s) cut after {} MiB written in all",
+        sent >> 20
+    );
+    assert!(
+        answers >= 1 && sent < answers * (64 << 20),
+        "{sent} bytes for {answers} answers"
+    );
+    assert!(silent_queries.load(Ordering::SeqCst) >= 1);
+
+    // A crash-looping release while a silent query is in flight: podsReady
+    // fails and the revert does not wait for the query (its timeout is 30 s).
+    poll("a silent query in flight", Duration::from_secs(40), || {
+        Ok((silent_waiting.load(Ordering::SeqCst) > 0).then_some(()))
+    })
+    .await?;
+    let crashloop = "registry.example/plugin:v3-crashloop";
+    roll(&env, crashloop, gates).await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        move |ps| {
+            ps.iter().any(|p| {
+                image_of(p) == crashloop
+                    && p.status
+                        .iter()
+                        .flat_map(|s| s.container_statuses.iter().flatten())
+                        .any(|c| {
+                            c.state
+                                .as_ref()
+                                .and_then(|s| s.waiting.as_ref())
+                                .and_then(|w| w.reason.as_deref())
+                                == Some("CrashLoopBackOff")
+                        })
+            })
+        },
+    )
+    .await?;
+    let fault = Instant::now();
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.blocked_revisions
+            .iter()
+            .any(|b| b.reason == "CrashLoopBackOff")
+    })
+    .await?;
+    let took = fault.elapsed();
+    eprintln!(
+        "MEASURE CrashLoopBackOff -> revert decision with a silent Prometheus query in flight: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the revert waited: {took:?}"
+    );
+    assert_eq!(
+        condition(&st, "Degraded").unwrap().reason,
+        "PodsReadyFailed"
+    );
+
+    // The operator's memory stayed bounded through all of it.
+    let peak = env.op.peak_rss_kib()?;
+    eprintln!(
+        "MEASURE operator peak RSS with a 1 GiB and a silent Prometheus: {} MiB",
+        peak >> 10
+    );
+    assert!(peak < 128 << 10, "peak RSS {peak} KiB");
     Ok(())
 }

@@ -70,8 +70,10 @@ pub struct Memory {
     probe_errors: BTreeMap<String, String>,
     /// Per prometheus gate: when it was last queried.
     queried: HashMap<String, Instant>,
-    /// Per prometheus gate: the last measurement a query task finished.
-    measured: HashMap<String, Measurement>,
+    /// Per prometheus gate: the last measurement a query task finished, and
+    /// what it measured (`<revision>/<stage>/<query>`): one of another
+    /// rollout, stage or query is never handed in.
+    measured: HashMap<String, (String, Measurement)>,
     /// Per prometheus gate: the query task under way.
     in_flight: HashMap<String, tokio::task::JoinHandle<()>>,
 }
@@ -410,13 +412,21 @@ fn measurements(
         })
     });
     let gates = current_gates(status);
-    let names: Vec<String> = sr
+    let stage = status.current_stage.unwrap_or_default();
+    // What each gate measures now: a measurement of anything else is stale.
+    let wanted: BTreeMap<String, String> = sr
         .spec
         .prometheus_gates()
         .iter()
-        .map(|g| prometheus::gate_name(&g.name))
+        .map(|g| {
+            (
+                prometheus::gate_name(&g.name),
+                format!("{target}/{stage}/{}", prometheus::render_query(g, &held)),
+            )
+        })
         .collect();
-    for (gate, name) in sr.spec.prometheus_gates().iter().zip(&names) {
+    for gate in sr.spec.prometheus_gates() {
+        let name = &prometheus::gate_name(&gate.name);
         let previous = gates.iter().find(|g| &g.gate == name);
         let every = gate.interval.to_std().unwrap_or(Duration::from_secs(30));
         let (recently, busy) = ctx.memory(key, |m| {
@@ -436,6 +446,7 @@ fn measurements(
         }
         let query = prometheus::render_query(gate, &held);
         let stage_nodes = prometheus::stage_nodes_regex(&held);
+        let of = wanted[name].clone();
         let task = {
             let (ctx, key, gate, name) = (ctx.clone(), key.clone(), gate.clone(), name.clone());
             tokio::spawn(async move {
@@ -446,7 +457,7 @@ fn measurements(
                     stage_nodes,
                     outcome,
                 };
-                ctx.memory(&key, |mem| mem.proof.measured.insert(name, m));
+                ctx.memory(&key, |mem| mem.proof.measured.insert(name, (of, m)));
                 ctx.triggers.send(
                     kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
                     super::caches::Cause::Measurement,
@@ -459,11 +470,13 @@ fn measurements(
         });
     }
     ctx.memory(key, |m| {
-        m.proof.measured.retain(|g, _| names.contains(g));
+        m.proof
+            .measured
+            .retain(|g, (of, _)| wanted.get(g) == Some(of));
         m.proof
             .measured
             .iter()
-            .map(|(g, m)| (g.clone(), m.clone()))
+            .map(|(g, (_, m))| (g.clone(), m.clone()))
             .collect()
     })
 }
@@ -735,10 +748,11 @@ fn http_client(
         v.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
+    // The whole exchange is bounded by the caller's timeout (its message
+    // says so); connecting alone by the same.
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .default_headers(headers)
-        .timeout(timeout)
         .connect_timeout(timeout)
         .no_proxy()
         // A redirect would carry the token elsewhere.
