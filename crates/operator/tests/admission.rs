@@ -18,6 +18,7 @@ use kube::api::Api;
 use saferollout_api::SafeRollout;
 use saferollout_testkit::{TestCluster, TestNamespace, cluster};
 use serde_json::{Value, json};
+use support::dra::ClusterObject;
 use support::{
     Identity, Operator, TIMEOUT, agent_template, condition, create_plugin_daemonset,
     free_loopback_port, poll, wait_status,
@@ -30,10 +31,12 @@ const SECRET: &str = "prom-auth";
 /// The group the installation exempts.
 const TRUSTED: &str = "saferollout-e2e:trusted";
 const V1: &str = "registry.example/plugin:v1";
+/// The policy's (and its binding's) name, as deploy/render names it.
+const POLICY: &str = "saferollout-operator-authors";
 
 /// The values both the policy and the operator get.
 fn values() -> Vec<String> {
-    [
+    vec![
         format!("prometheusGate.addresses={{{PROMETHEUS}}}"),
         format!("prometheusGate.secrets[0].name={SECRET}"),
         format!("prometheusGate.secrets[0].addresses={{{PROMETHEUS}}}"),
@@ -41,163 +44,98 @@ fn values() -> Vec<String> {
         "quarantine.allowNoExecute=true".into(),
         format!("admission.exempt.groups={{{TRUSTED}}}"),
     ]
-    .into_iter()
-    .flat_map(|v| ["--set".to_string(), v])
-    .collect()
 }
 
-/// Installs the policy as `deploy/render` renders it, with [`values`].
-fn install_policy(c: &TestCluster, dir: &std::path::Path) -> anyhow::Result<()> {
-    let mut args = vec![
-        "template",
-        "saferollout",
-        "charts/saferollout",
-        "--namespace",
-        "saferollout-system",
-        "--set",
-        "fullnameOverride=saferollout-operator",
-        "--show-only",
-        "templates/admission.yaml",
-    ];
-    let values = values();
-    args.extend(values.iter().map(String::as_str));
-    let policy = support::helm(&args)?;
+/// Installs the policy as `deploy/render` renders it, with [`values`]; it
+/// goes with the guards (a cluster reused by other test binaries must not
+/// keep it).
+fn install_policy(c: &TestCluster, dir: &std::path::Path) -> anyhow::Result<Vec<ClusterObject>> {
     let file = dir.join("admission.yaml");
-    std::fs::write(&file, policy)?;
+    std::fs::write(&file, support::render_chart("admission.yaml", &values())?)?;
     c.kubectl(&["apply", "-f", &file.to_string_lossy()])?;
-    Ok(())
+    Ok(vec![
+        ClusterObject::new("validatingadmissionpolicy", POLICY),
+        ClusterObject::new("validatingadmissionpolicybinding", POLICY),
+    ])
 }
 
-/// RBAC of the three users in `ns` (and bob's cluster-wide quarantine rights).
-fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<()> {
-    let k = |args: &[&str]| c.kubectl(args).map(|_| ());
-    k(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "sr-author",
-        "--verb=create,update,patch,get,list,watch",
-        "--resource=saferollouts.saferollout.dev",
-    ])?;
-    k(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "ds-get",
-        "--verb=get",
-        "--resource=daemonsets.apps",
-    ])?;
-    k(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "agent-owner",
-        "--verb=patch",
-        "--resource=daemonsets.apps",
-    ])?;
-    k(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "prober",
-        "--verb=create",
-        "--resource=pods",
-    ])?;
-    k(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "log-reader",
-        "--verb=get",
-        "--resource=pods/log",
-    ])?;
-    k(&[
-        "-n",
-        ns,
-        "create",
-        "role",
-        "prom-secret",
-        "--verb=get",
-        "--resource=secrets",
-        &format!("--resource-name={SECRET}"),
-    ])?;
-    for role in ["sr-author", "ds-get"] {
-        k(&[
-            "-n",
-            ns,
-            "create",
-            "rolebinding",
-            &format!("alice-{role}"),
-            &format!("--role={role}"),
-            "--user=alice",
-        ])?;
+/// RBAC of the three users in `ns` (and bob's cluster-wide quarantine
+/// rights, deleted with the guards).
+fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
+    let secret = format!("--resource-name={SECRET}");
+    // (role, verbs, resource, more)
+    let roles: [(&str, &str, &str, &[&str]); 6] = [
+        (
+            "sr-author",
+            "create,update,patch,get,list,watch",
+            "saferollouts.saferollout.dev",
+            &[],
+        ),
+        ("ds-get", "get", "daemonsets.apps", &[]),
+        ("agent-owner", "patch", "daemonsets.apps", &[]),
+        ("prober", "create", "pods", &[]),
+        ("log-reader", "get", "pods/log", &[]),
+        ("prom-secret", "get", "secrets", &[&secret]),
+    ];
+    for (role, verbs, resource, more) in roles {
+        let (verbs, resource) = (format!("--verb={verbs}"), format!("--resource={resource}"));
+        let mut args = vec!["-n", ns, "create", "role", role, &verbs, &resource];
+        args.extend_from_slice(more);
+        c.kubectl(&args)?;
     }
-    for role in [
-        "sr-author",
-        "ds-get",
-        "agent-owner",
-        "prober",
-        "log-reader",
-        "prom-secret",
+    let users: [(&str, &[&str]); 3] = [
+        ("alice", &["sr-author", "ds-get"]),
+        (
+            "bob",
+            &[
+                "sr-author",
+                "ds-get",
+                "agent-owner",
+                "prober",
+                "log-reader",
+                "prom-secret",
+            ],
+        ),
+        ("carol", &["sr-author", "ds-get"]),
+    ];
+    for (user, roles) in users {
+        for role in roles {
+            c.kubectl(&[
+                "-n",
+                ns,
+                "create",
+                "rolebinding",
+                &format!("{user}-{role}"),
+                &format!("--role={role}"),
+                &format!("--user={user}"),
+            ])?;
+        }
+    }
+    // Cluster-scoped, named per namespace so test runs do not collide.
+    let mut guards = Vec::new();
+    for (what, verb, resource) in [
+        ("quarantine", "create", "devicetaintrules.resource.k8s.io"),
+        ("node-patch", "patch", "nodes"),
     ] {
-        k(&[
-            "-n",
-            ns,
+        let name = format!("saferollout-e2e-{what}-{ns}");
+        guards.push(ClusterObject::new("clusterrole", &name));
+        guards.push(ClusterObject::new("clusterrolebinding", &name));
+        c.kubectl(&[
             "create",
-            "rolebinding",
-            &format!("bob-{role}"),
-            &format!("--role={role}"),
+            "clusterrole",
+            &name,
+            &format!("--verb={verb}"),
+            &format!("--resource={resource}"),
+        ])?;
+        c.kubectl(&[
+            "create",
+            "clusterrolebinding",
+            &name,
+            &format!("--clusterrole={name}"),
             "--user=bob",
         ])?;
     }
-    for role in ["sr-author", "ds-get"] {
-        k(&[
-            "-n",
-            ns,
-            "create",
-            "rolebinding",
-            &format!("carol-{role}"),
-            &format!("--role={role}"),
-            "--user=carol",
-        ])?;
-    }
-    // Cluster-scoped, and named per namespace so test runs do not collide.
-    let quarantine = format!("saferollout-e2e-quarantine-{ns}");
-    k(&[
-        "create",
-        "clusterrole",
-        &quarantine,
-        "--verb=create",
-        "--resource=devicetaintrules.resource.k8s.io",
-    ])?;
-    k(&[
-        "create",
-        "clusterrolebinding",
-        &quarantine,
-        &format!("--clusterrole={quarantine}"),
-        "--user=bob",
-    ])?;
-    let patcher = format!("saferollout-e2e-node-patch-{ns}");
-    k(&[
-        "create",
-        "clusterrole",
-        &patcher,
-        "--verb=patch",
-        "--resource=nodes",
-    ])?;
-    k(&[
-        "create",
-        "clusterrolebinding",
-        &patcher,
-        &format!("--clusterrole={patcher}"),
-        "--user=bob",
-    ])?;
-    Ok(())
+    Ok(guards)
 }
 
 /// A SafeRollout document named `name` in `ns` with `spec`.
@@ -290,6 +228,8 @@ struct Env {
     ns: TestNamespace,
     dir: PathBuf,
     resource: String,
+    /// The policy and the cluster-wide roles, deleted when the test ends.
+    _cluster_objects: Vec<ClusterObject>,
 }
 
 async fn setup() -> anyhow::Result<(Env, kube::Client)> {
@@ -298,12 +238,20 @@ async fn setup() -> anyhow::Result<(Env, kube::Client)> {
     let ns = c.namespace("admission").await?;
     let dir = std::env::temp_dir().join(format!("saferollout-admission-{}", ns.name));
     std::fs::create_dir_all(&dir)?;
-    install_policy(c, &dir)?;
-    grant(c, &ns.name)?;
+    let mut cluster_objects = install_policy(c, &dir)?;
+    cluster_objects.extend(grant(c, &ns.name)?);
     let client = c.client().await?;
     let resource = "example.com/gpu-admission".to_string();
     create_plugin_daemonset(&client, &ns.name, &resource, V1).await?;
-    Ok((Env { ns, dir, resource }, client))
+    Ok((
+        Env {
+            ns,
+            dir,
+            resource,
+            _cluster_objects: cluster_objects,
+        },
+        client,
+    ))
 }
 
 #[tokio::test]
@@ -462,11 +410,5 @@ async fn a_saferollout_is_admitted_only_from_an_author_who_holds_what_it_asks_fo
     );
     drop(op);
     let _ = std::fs::remove_dir_all(&env.dir);
-    for name in [
-        format!("saferollout-e2e-quarantine-{ns}"),
-        format!("saferollout-e2e-node-patch-{ns}"),
-    ] {
-        let _ = c.kubectl(&["delete", "clusterrolebinding,clusterrole", &name]);
-    }
     Ok(())
 }

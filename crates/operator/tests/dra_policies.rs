@@ -306,6 +306,9 @@ async fn a_quarantine_of_effect_none_previews_what_no_execute_would_evict() -> a
     })
     .await?;
     assert_eq!(phase(&done), "Succeeded", "{:#?}", done.status);
+    // Rules are cluster-scoped: the deletion takes this one away.
+    srs(&env).delete("driver", &Default::default()).await?;
+    wait_rules(&env, |rs| rs.is_empty()).await?;
     Ok(())
 }
 
@@ -467,6 +470,7 @@ async fn halt_stops_and_changes_nothing_more() -> anyhow::Result<()> {
     let picture = |env: &Env| {
         let client = env.client.clone();
         let ns = env.ns.name.clone();
+        let id = rollout_id(env);
         async move {
             let pods: BTreeMap<String, String> = Api::<Pod>::namespaced(client.clone(), &ns)
                 .list(&ListParams::default().labels("app=driver"))
@@ -488,7 +492,7 @@ async fn halt_stops_and_changes_nothing_more() -> anyhow::Result<()> {
                 .get(CANARY)
                 .await?;
             let rules = Api::<DeviceTaintRule>::all(client.clone())
-                .list(&ListParams::default().labels(ROLLOUT_LABEL))
+                .list(&ListParams::default().labels(&format!("{ROLLOUT_LABEL}={id}")))
                 .await?
                 .items
                 .len();

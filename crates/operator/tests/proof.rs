@@ -879,23 +879,14 @@ async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allow
 
     // The chart's value grants `get` on that one Secret (a Role in the
     // watched namespace): the same gate passes over TLS.
-    let rendered = support::helm(&[
-        "template",
-        "saferollout",
-        "charts/saferollout",
-        "--namespace",
-        "saferollout-system",
-        "--set",
-        "fullnameOverride=saferollout-operator",
-        "--set",
-        &format!("watchNamespaces={{{}}}", env.ns.name),
-        "--set",
-        "prometheusGate.secrets[0].name=prom-auth",
-        "--set",
-        &format!("prometheusGate.secrets[0].addresses={{{address}}}"),
-        "--show-only",
-        "templates/rbac.yaml",
-    ])?;
+    let rendered = support::render_chart(
+        "rbac.yaml",
+        &[
+            format!("watchNamespaces={{{}}}", env.ns.name),
+            "prometheusGate.secrets[0].name=prom-auth".into(),
+            format!("prometheusGate.secrets[0].addresses={{{address}}}"),
+        ],
+    )?;
     let roles: Vec<&str> = rendered
         .split("\n---")
         .filter(|d| {
@@ -944,66 +935,76 @@ async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allow
     Ok(())
 }
 
-/// A Prometheus stand-in on 127.0.0.1 that answers every query with an
-/// endless instant vector (up to 1 GiB per answer, while the client reads):
-/// (port, bytes written, queries answered).
-async fn endless_prometheus() -> anyhow::Result<(u16, Arc<AtomicUsize>, Arc<AtomicUsize>)> {
+/// A Prometheus stand-in on 127.0.0.1: each query's connection goes to
+/// `answer` once its request is read. Returns (port, queries received).
+async fn stand_in<F, Fut>(answer: F) -> anyhow::Result<(u16, Arc<AtomicUsize>)>
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    let written = Arc::new(AtomicUsize::new(0));
     let queries = Arc::new(AtomicUsize::new(0));
-    let (w, q) = (written.clone(), queries.clone());
+    let q = queries.clone();
+    let answer = Arc::new(answer);
     tokio::spawn(async move {
         while let Ok((mut tcp, _)) = listener.accept().await {
-            let (w, q) = (w.clone(), q.clone());
+            let (q, answer) = (q.clone(), answer.clone());
             tokio::spawn(async move {
-                if read_request(&mut tcp).await.is_none() {
-                    return;
-                }
-                q.fetch_add(1, Ordering::SeqCst);
-                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[";
-                if tcp.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = br#"{"metric":{"node":"sim-gpu-0"},"value":[1,"1"]},"#.repeat(2048);
-                let mut sent = 0usize;
-                while sent < 1 << 30 {
-                    if tcp.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                    sent += chunk.len();
-                    w.fetch_add(chunk.len(), Ordering::SeqCst);
+                if read_request(&mut tcp).await.is_some() {
+                    q.fetch_add(1, Ordering::SeqCst);
+                    answer(tcp).await;
                 }
             });
         }
     });
-    Ok((port, written, queries))
+    Ok((port, queries))
 }
 
-/// A Prometheus stand-in that accepts queries and never answers: (port,
-/// queries received, queries waiting now).
-async fn silent_prometheus() -> anyhow::Result<(u16, Arc<AtomicUsize>, Arc<AtomicUsize>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
-    let queries = Arc::new(AtomicUsize::new(0));
-    let waiting = Arc::new(AtomicUsize::new(0));
-    let (q, w) = (queries.clone(), waiting.clone());
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            let (q, w) = (q.clone(), w.clone());
-            tokio::spawn(async move {
-                if read_request(&mut tcp).await.is_none() {
+/// A stand-in that answers every query with an endless instant vector (up
+/// to 1 GiB per answer, while the client reads): (port, queries, bytes
+/// written).
+async fn endless_prometheus() -> anyhow::Result<(u16, Arc<AtomicUsize>, Arc<AtomicUsize>)> {
+    let written = Arc::new(AtomicUsize::new(0));
+    let w = written.clone();
+    let (port, queries) = stand_in(move |mut tcp| {
+        let w = w.clone();
+        async move {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[";
+            if tcp.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = br#"{"metric":{"node":"sim-gpu-0"},"value":[1,"1"]},"#.repeat(2048);
+            let mut sent = 0usize;
+            while sent < 1 << 30 {
+                if tcp.write_all(&chunk).await.is_err() {
                     return;
                 }
-                q.fetch_add(1, Ordering::SeqCst);
-                w.fetch_add(1, Ordering::SeqCst);
-                // Holds the connection open, silent, until the client goes.
-                let mut rest = [0u8; 1];
-                let _ = tcp.read(&mut rest).await;
-                w.fetch_sub(1, Ordering::SeqCst);
-            });
+                sent += chunk.len();
+                w.fetch_add(chunk.len(), Ordering::SeqCst);
+            }
         }
-    });
+    })
+    .await?;
+    Ok((port, queries, written))
+}
+
+/// A stand-in that accepts queries and never answers: (port, queries
+/// received, queries waiting now).
+async fn silent_prometheus() -> anyhow::Result<(u16, Arc<AtomicUsize>, Arc<AtomicUsize>)> {
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let w = waiting.clone();
+    let (port, queries) = stand_in(move |mut tcp| {
+        let w = w.clone();
+        async move {
+            w.fetch_add(1, Ordering::SeqCst);
+            // Holds the connection open, silent, until the client goes.
+            let mut rest = [0u8; 1];
+            let _ = tcp.read(&mut rest).await;
+            w.fetch_sub(1, Ordering::SeqCst);
+        }
+    })
+    .await?;
     Ok((port, queries, waiting))
 }
 
@@ -1035,7 +1036,7 @@ async fn read_request(tcp: &mut tokio::net::TcpStream) -> Option<String> {
 #[tokio::test]
 async fn a_hostile_prometheus_is_inconclusive_bounded_and_never_delays_a_revert()
 -> anyhow::Result<()> {
-    let (endless_port, written, endless_queries) = endless_prometheus().await?;
+    let (endless_port, endless_queries, written) = endless_prometheus().await?;
     let (silent_port, silent_queries, silent_waiting) = silent_prometheus().await?;
     let endless = format!("http://127.0.0.1:{endless_port}");
     let silent = format!("http://127.0.0.1:{silent_port}");

@@ -608,45 +608,35 @@ pub fn probe_pod(gate: &ProbeGate, p: &ProbePodParams) -> Result<Pod, String> {
             return Err("spec.gates.probe needs resource or deviceClassName".into());
         }
     }
-    let groups = (!gate.supplemental_groups.is_empty()).then(|| gate.supplemental_groups.clone());
-    let (pod_security, container_security) = if gate.privileged {
-        (
-            PodSecurityContext {
-                supplemental_groups: groups,
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    localhost_profile: None,
-                }),
-                ..Default::default()
-            },
-            SecurityContext {
-                privileged: Some(true),
-                ..Default::default()
-            },
-        )
+    // Non-root with nothing more than the device, unless privileged (root,
+    // every device and capability: only when the operator allows it).
+    let mut pod_security = PodSecurityContext {
+        supplemental_groups: (!gate.supplemental_groups.is_empty())
+            .then(|| gate.supplemental_groups.clone()),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    };
+    let container_security = if gate.privileged {
+        SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }
     } else {
-        (
-            PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(PROBE_USER),
-                run_as_group: Some(PROBE_USER),
-                supplemental_groups: groups,
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    localhost_profile: None,
-                }),
-                ..Default::default()
-            },
-            SecurityContext {
-                privileged: Some(false),
-                allow_privilege_escalation: Some(false),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    add: None,
-                }),
-                ..Default::default()
-            },
-        )
+        pod_security.run_as_non_root = Some(true);
+        pod_security.run_as_user = Some(PROBE_USER);
+        pod_security.run_as_group = Some(PROBE_USER);
+        SecurityContext {
+            privileged: Some(false),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..Default::default()
+        }
     };
     let container = Container {
         name: PROBE_CONTAINER.into(),

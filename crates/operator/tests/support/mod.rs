@@ -67,6 +67,28 @@ pub fn helm(args: &[&str]) -> anyhow::Result<String> {
         .args(args))
 }
 
+/// The chart's `template` (`templates/<file>`) rendered as `deploy/render`
+/// renders it (release saferollout in saferollout-system, objects named
+/// saferollout-operator), with `values` (`key=value` each, as `--set`).
+pub fn render_chart(template: &str, values: &[String]) -> anyhow::Result<String> {
+    let show = format!("templates/{template}");
+    let mut args = vec![
+        "template",
+        "saferollout",
+        "charts/saferollout",
+        "--namespace",
+        "saferollout-system",
+        "--set",
+        "fullnameOverride=saferollout-operator",
+        "--show-only",
+        &show,
+    ];
+    for v in values {
+        args.extend(["--set", v.as_str()]);
+    }
+    helm(&args)
+}
+
 /// Installs the CRD from deploy/ and waits until it is served.
 pub fn install_crd(c: &TestCluster) -> anyhow::Result<()> {
     c.kubectl(&[
