@@ -292,11 +292,13 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     st.converging_nodes
         .retain(|n| o.nodes.contains_key(n.as_str()) && !replace::is_available(o.pods, n));
     handle_retry(o, st, actions);
-    if !refused.is_empty() && rolls_forward(o, st, current, &stable) {
+    if !refused.is_empty() && rolls_forward(st, current, &stable) {
         refuse(o, st, &refused);
         return None;
     }
-    if let Some(t) = o.spec_template
+    // A refused spec.template is never written, not even during a revert
+    // (which goes on below).
+    if let Some(t) = o.spec_template.filter(|_| refused.is_empty())
         && let Some(wait) = gitops::apply_spec_template(o, st, actions, current, &stable, t)
     {
         return wait;
@@ -325,15 +327,14 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
     stage::roll(o, st, actions, ds, current)
 }
 
-/// Whether this pass would take the DaemonSet forward: write `spec.template`
-/// or roll a revision that is neither stable, blocked nor stopped. A spec
-/// beyond the operator's limits does neither; reverts and holds go on.
-fn rolls_forward(o: &Observed, st: &SafeRolloutStatus, current: &str, stable: &str) -> bool {
-    let writes_template = o
-        .spec_template
-        .is_some_and(|t| !t.in_place && !is_source_blocked(st, t.hash));
+/// Whether this pass would roll the DaemonSet's revision forward: one that
+/// is neither stable, blocked nor stopped. A spec beyond the operator's
+/// limits never does (and its `spec.template` is never written); a revert
+/// (a blocked revision, or the stable one with nodes still to bring back)
+/// or a stopped rollout's hold goes on.
+fn rolls_forward(st: &SafeRolloutStatus, current: &str, stable: &str) -> bool {
     let stopped = st.stopped.as_ref().is_some_and(|s| s.revision == current);
-    writes_template || (current != stable && !is_blocked(st, current) && !stopped)
+    current != stable && !is_blocked(st, current) && !stopped
 }
 
 /// `InvalidSpec`: the SafeRollout asks for what the operator's limits

@@ -696,6 +696,42 @@ fn gitops_blocked_spec_template_is_not_reapplied() {
 }
 
 #[test]
+fn gitops_a_refused_fix_forward_is_never_written_and_the_revert_goes_on() {
+    let mut m = settled(8);
+    m.spec.stages = Some(stages(&[("2", false), ("100%", false)]));
+    m.spec.max_unavailable = IntOrString::Int(2);
+    m.releases.insert("spec-bad".into(), Release::Broken);
+    m.spec_hash = Some("bad".into());
+    // Until the bad release failed its gate and the revert began.
+    for _ in 0..300 {
+        if is_blocked(&m.status, "spec-bad") {
+            break;
+        }
+        m.reconcile(Lag::default(), Losses::default());
+        m.advance();
+    }
+    assert!(
+        m.pods_on("spec-bad") > 0,
+        "the revert has nodes to bring back"
+    );
+    // Git pushes a fix forward the operator refuses (NoExecute not allowed).
+    m.limits = crate::limits::AdminLimits::default();
+    m.spec.on_failure = saferollout_api::OnFailure::Quarantine;
+    m.spec.quarantine = Some(saferollout_api::QuarantineSpec {
+        effect: saferollout_api::QuarantineEffect::NoExecute,
+        resource: Some(RESOURCE.into()),
+        ..Default::default()
+    });
+    m.releases.insert("spec-fix".into(), Release::Healthy);
+    m.spec_hash = Some("fix".into());
+    m.run(400);
+    assert!(m.all_on("v1"), "the revert finished");
+    assert_eq!(m.pods_on("spec-fix"), 0);
+    assert_ne!(m.cluster.ds.template, "spec-fix", "never written");
+    no_violations(&m);
+}
+
+#[test]
 fn gitops_detects_a_human_edit_and_overwrites_nothing() {
     let mut m = settled(4);
     m.spec_hash = Some("h2".into());
