@@ -695,6 +695,18 @@ fn gitops_blocked_spec_template_is_not_reapplied() {
     no_violations(&m);
 }
 
+/// The operator's default limits, and a spec beyond them: a quarantine
+/// that evicts (NoExecute), which they refuse.
+fn ask_for_what_the_operator_refuses(m: &mut Model) {
+    m.limits = crate::limits::AdminLimits::default();
+    m.spec.on_failure = saferollout_api::OnFailure::Quarantine;
+    m.spec.quarantine = Some(saferollout_api::QuarantineSpec {
+        effect: saferollout_api::QuarantineEffect::NoExecute,
+        resource: Some(RESOURCE.into()),
+        ..Default::default()
+    });
+}
+
 #[test]
 fn gitops_a_refused_fix_forward_is_never_written_and_the_revert_goes_on() {
     let mut m = settled(8);
@@ -715,13 +727,7 @@ fn gitops_a_refused_fix_forward_is_never_written_and_the_revert_goes_on() {
         "the revert has nodes to bring back"
     );
     // Git pushes a fix forward the operator refuses (NoExecute not allowed).
-    m.limits = crate::limits::AdminLimits::default();
-    m.spec.on_failure = saferollout_api::OnFailure::Quarantine;
-    m.spec.quarantine = Some(saferollout_api::QuarantineSpec {
-        effect: saferollout_api::QuarantineEffect::NoExecute,
-        resource: Some(RESOURCE.into()),
-        ..Default::default()
-    });
+    ask_for_what_the_operator_refuses(&mut m);
     m.releases.insert("spec-fix".into(), Release::Healthy);
     m.spec_hash = Some("fix".into());
     m.run(400);
@@ -1081,13 +1087,7 @@ fn abort_reverts_at_once_and_blocks_the_revision() {
 #[test]
 fn a_spec_beyond_the_operators_limits_rolls_nothing_forward_but_a_revert_goes_on() {
     let mut m = settled(4);
-    m.limits = crate::limits::AdminLimits::default();
-    m.spec.on_failure = saferollout_api::OnFailure::Quarantine;
-    m.spec.quarantine = Some(saferollout_api::QuarantineSpec {
-        effect: saferollout_api::QuarantineEffect::NoExecute,
-        resource: Some(RESOURCE.into()),
-        ..Default::default()
-    });
+    ask_for_what_the_operator_refuses(&mut m);
     // Settled: nothing to roll, but the next release would be refused.
     m.run(60);
     let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
