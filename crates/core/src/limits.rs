@@ -135,52 +135,54 @@ pub fn refusals_of_prometheus(gate: &PrometheusGate, limits: &AdminLimits) -> Op
         limits,
         &mut out,
     );
-    (!out.is_empty()).then(|| {
-        out.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
+    (!out.is_empty()).then(|| describe_all(&out))
+}
+
+/// The refusals as one text, `field: why; field: why`.
+pub fn describe_all(refused: &[Refusal]) -> String {
+    refused
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn prometheus_gate(at: &str, g: &PrometheusGate, limits: &AdminLimits, out: &mut Vec<Refusal>) {
-    {
-        if !limits.address_allowed(&g.address) {
+    if !limits.address_allowed(&g.address) {
+        refuse(
+            out,
+            format!("{at}.address"),
+            format!(
+                "{:?} is not an address the operator may dial: its administrator allows them with --prometheus-address (chart value prometheusGate.addresses)",
+                g.address
+            ),
+        );
+    }
+    if g.bearer_token_secret.is_some() && !g.address.starts_with("https://") {
+        refuse(
+            out,
+            format!("{at}.address"),
+            "a bearer token is sent only over https".into(),
+        );
+    }
+    let secrets = [
+        ("bearerTokenSecret", g.bearer_token_secret.as_ref()),
+        (
+            "tls.caSecret",
+            g.tls.as_ref().and_then(|t| t.ca_secret.as_ref()),
+        ),
+    ];
+    for (field, secret) in secrets {
+        let Some(secret) = secret else { continue };
+        if !limits.secret_allowed(&secret.name, &g.address) {
             refuse(
                 out,
-                format!("{at}.address"),
+                format!("{at}.{field}"),
                 format!(
-                    "{:?} is not an address the operator may dial: its administrator allows them with --prometheus-address (chart value prometheusGate.addresses)",
-                    g.address
+                    "Secret {:?} may not be sent to {:?}: its administrator binds each Secret to the addresses it may go to with --prometheus-secret NAME=URL (chart value prometheusGate.secrets)",
+                    secret.name, g.address
                 ),
             );
-        }
-        if g.bearer_token_secret.is_some() && !g.address.starts_with("https://") {
-            refuse(
-                out,
-                format!("{at}.address"),
-                "a bearer token is sent only over https".into(),
-            );
-        }
-        let secrets = [
-            ("bearerTokenSecret", g.bearer_token_secret.as_ref()),
-            (
-                "tls.caSecret",
-                g.tls.as_ref().and_then(|t| t.ca_secret.as_ref()),
-            ),
-        ];
-        for (field, secret) in secrets {
-            let Some(secret) = secret else { continue };
-            if !limits.secret_allowed(&secret.name, &g.address) {
-                refuse(
-                    out,
-                    format!("{at}.{field}"),
-                    format!(
-                        "Secret {:?} may not be sent to {:?}: its administrator binds each Secret to the addresses it may go to with --prometheus-secret NAME=URL (chart value prometheusGate.secrets)",
-                        secret.name, g.address
-                    ),
-                );
-            }
         }
     }
 }
@@ -210,30 +212,8 @@ fn quarantine(spec: &SafeRolloutSpec, limits: &AdminLimits, out: &mut Vec<Refusa
         );
     }
     // Only what this rollout judges (the schema says so too).
-    if let (Some(q), Some(gated)) = (spec.quarantine.as_ref(), spec.device_driver())
-        && let Some(d) = q.driver.as_deref().filter(|d| *d != gated)
-    {
-        refuse(
-            out,
-            "spec.quarantine.driver".into(),
-            format!(
-                "driver {d:?} is not the driver the device gates judge ({gated:?}): a quarantine takes out of service only what this rollout's agent publishes"
-            ),
-        );
-    }
-    let gated = spec.gated_resources();
-    if let Some(r) = spec.quarantine.as_ref().and_then(|q| q.resource.as_deref())
-        && !gated.is_empty()
-        && !gated.contains(&r)
-    {
-        refuse(
-            out,
-            "spec.quarantine.resource".into(),
-            format!(
-                "resource {r:?} is not one the gates judge ({}): a quarantine takes out of service only what this rollout's agent advertises",
-                gated.join(", ")
-            ),
-        );
+    for (field, why) in spec.quarantine_out_of_scope() {
+        refuse(out, field.into(), why.into());
     }
 }
 
@@ -334,7 +314,7 @@ fn describe(t: &Toleration) -> String {
 fn log_patterns(spec: &SafeRolloutSpec, out: &mut Vec<Refusal>) {
     let Some(g) = spec.logs_gate() else { return };
     for (i, p) in g.patterns.iter().enumerate() {
-        if let Err(e) = crate::gates::logs::compile_user_pattern(p) {
+        if let Some(e) = crate::gates::logs::user_pattern_error(p) {
             refuse(
                 out,
                 format!("spec.gates.logs.patterns[{i}]"),

@@ -16,7 +16,7 @@
 //! Built-in patterns are the agents' own fatal messages, each cited from the
 //! agent's sources (commit and file), case-insensitive.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -173,6 +173,26 @@ pub fn compile_user_pattern(pattern: &str) -> Result<Regex, String> {
                 .trim()
                 .to_string(),
         })
+}
+
+/// Why the operator cannot compile a user's pattern, if it cannot
+/// ([`compile_user_pattern`]), remembered per pattern: the operator's
+/// limits ask on every pass of every rollout with a logs gate, and a
+/// pattern's answer never changes. At most 4,096 patterns are remembered.
+pub fn user_pattern_error(pattern: &str) -> Option<String> {
+    static SEEN: std::sync::OnceLock<std::sync::Mutex<HashMap<String, Option<String>>>> =
+        std::sync::OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    if let Some(known) = seen.lock().unwrap_or_else(|e| e.into_inner()).get(pattern) {
+        return known.clone();
+    }
+    let error = compile_user_pattern(pattern).err();
+    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.len() >= 4096 {
+        seen.clear();
+    }
+    seen.insert(pattern.to_string(), error.clone());
+    error
 }
 
 /// The compiled patterns of one gate.

@@ -53,10 +53,10 @@ pub fn stage_nodes_regex<S: AsRef<str>>(nodes: &[S]) -> String {
         .join("|")
 }
 
-/// The query with `$STAGE_NODES` replaced.
-pub fn render_query<S: AsRef<str>>(gate: &PrometheusGate, nodes: &[S]) -> String {
-    gate.query
-        .replace(STAGE_NODES_PLACEHOLDER, &stage_nodes_regex(nodes))
+/// The query with `$STAGE_NODES` replaced by `stage_nodes` (the
+/// [`stage_nodes_regex`] of the nodes, which the measurement also records).
+pub fn render_query(gate: &PrometheusGate, stage_nodes: &str) -> String {
+    gate.query.replace(STAGE_NODES_PLACEHOLDER, stage_nodes)
 }
 
 fn interval(gate: &PrometheusGate) -> Duration {
@@ -370,7 +370,7 @@ mod tests {
         assert_eq!(stage_nodes_regex(&["a.b"]), "a\\\\.b");
         let g = gate(InconclusivePolicy::Fail);
         assert_eq!(
-            render_query(&g, &["n1"]),
+            render_query(&g, &stage_nodes_regex(&["n1"])),
             "saferollout_sim_gpu_healthy{node=~\"n1\"}"
         );
     }

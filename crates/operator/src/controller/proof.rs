@@ -22,7 +22,7 @@
 //!
 //! Re-checks are requeues the gates ask for; nothing here loops or sleeps.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,8 +71,8 @@ pub struct Memory {
     /// Per prometheus gate: when it was last queried.
     queried: HashMap<String, Instant>,
     /// Per prometheus gate: the last measurement a query task finished, and
-    /// what it measured (`<revision>/<stage>/<query>`): one of another
-    /// rollout, stage or query is never handed in.
+    /// what it measured (`<revision>/<stage>/<query>`, its nodes in the
+    /// measurement): one of another rollout, stage or query is never handed in.
     measured: HashMap<String, (String, Measurement)>,
     /// Per prometheus gate: the query task under way.
     in_flight: HashMap<String, tokio::task::JoinHandle<()>>,
@@ -404,71 +404,79 @@ fn measurements(
         return BTreeMap::new();
     }
     let target = status.target_revision.as_deref().unwrap_or_default();
+    let stage = status.current_stage.unwrap_or_default();
+    // What a gate's measurement is of: a measurement of another rollout,
+    // stage or query is stale (the gate itself also checks the nodes).
+    let subject = |gate: &PrometheusGate| format!("{target}/{stage}/{}", gate.query);
+    let gates = current_gates(status);
+    let due: Vec<&PrometheusGate> = sr
+        .spec
+        .prometheus_gates()
+        .iter()
+        .filter(|gate| {
+            let name = prometheus::gate_name(&gate.name);
+            let previous = gates.iter().find(|g| g.gate == name);
+            let every = gate.interval.to_std().unwrap_or(Duration::from_secs(30));
+            let (recently, busy) = ctx.memory(key, |m| {
+                (
+                    m.proof
+                        .queried
+                        .get(&name)
+                        .is_some_and(|at| at.elapsed() < every),
+                    m.proof
+                        .in_flight
+                        .get(&name)
+                        .is_some_and(|t| !t.is_finished()),
+                )
+            });
+            prometheus::due(gate, previous, now) && !recently && !busy
+        })
+        .collect();
     // A measurement is evidence about the new agents: taken only once every
     // node the rollout holds runs one, Ready (the gate waits until then).
-    let serving = held.iter().all(|n| {
-        world.agent_pods().any(|p| {
-            p.node == n.as_str() && p.revision == target && !p.deleting && p.running && p.ready
-        })
-    });
-    let gates = current_gates(status);
-    let stage = status.current_stage.unwrap_or_default();
-    // What each gate measures now: a measurement of anything else is stale.
+    let serving = || {
+        let ready: HashSet<&str> = world
+            .agent_pods()
+            .filter(|p| p.revision == target && !p.deleting && p.running && p.ready)
+            .map(|p| p.node)
+            .collect();
+        held.iter().all(|n| ready.contains(n.as_str()))
+    };
+    if !due.is_empty() && serving() {
+        let stage_nodes = prometheus::stage_nodes_regex(&held);
+        for gate in due {
+            let name = prometheus::gate_name(&gate.name);
+            let query = prometheus::render_query(gate, &stage_nodes);
+            let task = {
+                let (ctx, key, gate, name) = (ctx.clone(), key.clone(), gate.clone(), name.clone());
+                let (of, stage_nodes) = (subject(&gate), stage_nodes.clone());
+                tokio::spawn(async move {
+                    let outcome = query_prometheus(&ctx, &key.0, &gate, &query).await;
+                    debug!(ns = %key.0, gate = %name, ?outcome, "prometheus measurement");
+                    let m = Measurement {
+                        at: now,
+                        stage_nodes,
+                        outcome,
+                    };
+                    ctx.memory(&key, |mem| mem.proof.measured.insert(name, (of, m)));
+                    ctx.triggers.send(
+                        kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
+                        super::caches::Cause::Measurement,
+                    );
+                })
+            };
+            ctx.memory(key, |m| {
+                m.proof.queried.insert(name.clone(), Instant::now());
+                m.proof.in_flight.insert(name, task);
+            });
+        }
+    }
     let wanted: BTreeMap<String, String> = sr
         .spec
         .prometheus_gates()
         .iter()
-        .map(|g| {
-            (
-                prometheus::gate_name(&g.name),
-                format!("{target}/{stage}/{}", prometheus::render_query(g, &held)),
-            )
-        })
+        .map(|g| (prometheus::gate_name(&g.name), subject(g)))
         .collect();
-    for gate in sr.spec.prometheus_gates() {
-        let name = &prometheus::gate_name(&gate.name);
-        let previous = gates.iter().find(|g| &g.gate == name);
-        let every = gate.interval.to_std().unwrap_or(Duration::from_secs(30));
-        let (recently, busy) = ctx.memory(key, |m| {
-            (
-                m.proof
-                    .queried
-                    .get(name)
-                    .is_some_and(|at| at.elapsed() < every),
-                m.proof
-                    .in_flight
-                    .get(name)
-                    .is_some_and(|t| !t.is_finished()),
-            )
-        });
-        if !serving || !prometheus::due(gate, previous, now) || recently || busy {
-            continue;
-        }
-        let query = prometheus::render_query(gate, &held);
-        let stage_nodes = prometheus::stage_nodes_regex(&held);
-        let of = wanted[name].clone();
-        let task = {
-            let (ctx, key, gate, name) = (ctx.clone(), key.clone(), gate.clone(), name.clone());
-            tokio::spawn(async move {
-                let outcome = query_prometheus(&ctx, &key.0, &gate, &query).await;
-                debug!(ns = %key.0, gate = %name, ?outcome, "prometheus measurement");
-                let m = Measurement {
-                    at: now,
-                    stage_nodes,
-                    outcome,
-                };
-                ctx.memory(&key, |mem| mem.proof.measured.insert(name, (of, m)));
-                ctx.triggers.send(
-                    kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
-                    super::caches::Cause::Measurement,
-                );
-            })
-        };
-        ctx.memory(key, |m| {
-            m.proof.queried.insert(name.clone(), Instant::now());
-            m.proof.in_flight.insert(name.clone(), task);
-        });
-    }
     ctx.memory(key, |m| {
         m.proof
             .measured
