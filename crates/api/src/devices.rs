@@ -404,6 +404,30 @@ impl crate::spec::SafeRolloutSpec {
             .collect()
     }
 
+    /// Where `spec.quarantine` names something this rollout does not judge
+    /// (another driver than the device gates', a resource the gates do not
+    /// name), as (field, why): the schema's rules, which the operator
+    /// checks again.
+    pub fn quarantine_out_of_scope(&self) -> Vec<(&'static str, &'static str)> {
+        let Some(q) = self.quarantine.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if let (Some(d), Some(gated)) = (&q.driver, self.device_driver())
+            && d != gated
+        {
+            out.push(("spec.quarantine.driver", MSG_QUARANTINE_DRIVER_SCOPE));
+        }
+        let gated = self.gated_resources();
+        if let Some(r) = &q.resource
+            && !gated.is_empty()
+            && !gated.contains(&r.as_str())
+        {
+            out.push(("spec.quarantine.resource", MSG_QUARANTINE_RESOURCE_SCOPE));
+        }
+        out
+    }
+
     /// The quarantine's effect.
     pub fn quarantine_effect(&self) -> QuarantineEffect {
         self.quarantine
@@ -814,14 +838,8 @@ pub(crate) fn validate(spec: &crate::spec::SafeRolloutSpec, push: &mut dyn FnMut
                         "should be between 1 and 512 characters".into(),
                     );
                 }
-                if probe.tolerations.len() > 16 {
-                    push(
-                        format!("{pp}.tolerations"),
-                        format!(
-                            "Too many: {}: must have at most 16 items",
-                            probe.tolerations.len()
-                        ),
-                    );
+                if let Some(m) = crate::validate::too_many(probe.tolerations.len(), 16) {
+                    push(format!("{pp}.tolerations"), m);
                 }
                 check_duration(
                     push,
@@ -892,23 +910,8 @@ pub(crate) fn validate(spec: &crate::spec::SafeRolloutSpec, push: &mut dyn FnMut
                 MSG_QUARANTINE_NONE_RESOURCE.into(),
             );
         }
-        if let (Some(d), Some(gated)) = (&q.driver, spec.device_driver())
-            && d != gated
-        {
-            push(
-                "spec.quarantine.driver".into(),
-                MSG_QUARANTINE_DRIVER_SCOPE.into(),
-            );
-        }
-        let gated = spec.gated_resources();
-        if let Some(r) = &q.resource
-            && !gated.is_empty()
-            && !gated.contains(&r.as_str())
-        {
-            push(
-                "spec.quarantine.resource".into(),
-                MSG_QUARANTINE_RESOURCE_SCOPE.into(),
-            );
+        for (field, why) in spec.quarantine_out_of_scope() {
+            push(field.into(), why.into());
         }
     }
     if spec.on_failure == OnFailure::Quarantine && spec.quarantine_target().is_none() {

@@ -743,28 +743,16 @@ fn validate_probe(p: &ProbeGate, push: Push) {
             "should be between 1 and 512 characters".into(),
         );
     }
-    for (field, list, max) in [("command", &p.command, 64), ("args", &p.args, 64)] {
-        if list.len() > max {
-            push(
-                format!("{path}.{field}"),
-                format!("Too many: {}: must have at most {max} items", list.len()),
-            );
+    for (field, len, max) in [
+        ("command", p.command.len(), 64),
+        ("args", p.args.len(), 64),
+        ("env", p.env.len(), 32),
+        ("supplementalGroups", p.supplemental_groups.len(), 16),
+        ("tolerations", p.tolerations.len(), 16),
+    ] {
+        if let Some(m) = crate::validate::too_many(len, max) {
+            push(format!("{path}.{field}"), m);
         }
-    }
-    if p.env.len() > 32 {
-        push(
-            format!("{path}.env"),
-            format!("Too many: {}: must have at most 32 items", p.env.len()),
-        );
-    }
-    if p.supplemental_groups.len() > 16 {
-        push(
-            format!("{path}.supplementalGroups"),
-            format!(
-                "Too many: {}: must have at most 16 items",
-                p.supplemental_groups.len()
-            ),
-        );
     }
     for (i, g) in p.supplemental_groups.iter().enumerate() {
         if !(1..=INT32_MAX).contains(g) {
@@ -773,15 +761,6 @@ fn validate_probe(p: &ProbeGate, push: Push) {
                 format!("Invalid value: {g}: should be between 1 and {INT32_MAX}"),
             );
         }
-    }
-    if p.tolerations.len() > 16 {
-        push(
-            format!("{path}.tolerations"),
-            format!(
-                "Too many: {}: must have at most 16 items",
-                p.tolerations.len()
-            ),
-        );
     }
     if p.resource.is_some() == p.device_class_name.is_some() {
         push(path.into(), MSG_PROBE_DEVICE.into());
@@ -823,14 +802,8 @@ fn validate_probe(p: &ProbeGate, push: Push) {
 
 fn validate_logs(l: &LogsGate, push: Push) {
     let path = "spec.gates.logs";
-    if l.patterns.len() > MAX_LOG_PATTERNS as usize {
-        push(
-            format!("{path}.patterns"),
-            format!(
-                "Too many: {}: must have at most {MAX_LOG_PATTERNS} items",
-                l.patterns.len()
-            ),
-        );
+    if let Some(m) = crate::validate::too_many(l.patterns.len(), MAX_LOG_PATTERNS as usize) {
+        push(format!("{path}.patterns"), m);
     }
     for (i, p) in l.patterns.iter().enumerate() {
         let at = format!("{path}.patterns[{i}]");
@@ -857,14 +830,8 @@ fn validate_logs(l: &LogsGate, push: Push) {
 }
 
 fn validate_prometheus(gates: &[PrometheusGate], push: Push) {
-    if gates.len() > MAX_PROMETHEUS as usize {
-        push(
-            "spec.gates.prometheus".into(),
-            format!(
-                "Too many: {}: must have at most {MAX_PROMETHEUS} items",
-                gates.len()
-            ),
-        );
+    if let Some(m) = crate::validate::too_many(gates.len(), MAX_PROMETHEUS as usize) {
+        push("spec.gates.prometheus".into(), m);
     }
     let mut seen = BTreeSet::new();
     for (i, g) in gates.iter().enumerate() {

@@ -72,14 +72,8 @@ impl SafeRolloutSpec {
             if stages.is_empty() {
                 e.push("spec.stages", "should have at least 1 items");
             }
-            if stages.len() > MAX_STAGES as usize {
-                e.push(
-                    "spec.stages",
-                    format!(
-                        "Too many: {}: must have at most {MAX_STAGES} items",
-                        stages.len()
-                    ),
-                );
+            if let Some(m) = too_many(stages.len(), MAX_STAGES as usize) {
+                e.push("spec.stages", m);
             }
             for (i, stage) in stages.iter().enumerate() {
                 if !is_count_or_percent(&stage.nodes) {
@@ -116,14 +110,8 @@ impl SafeRolloutSpec {
                     true,
                 );
             }
-            if gates.allocatable.len() > MAX_ALLOCATABLE as usize {
-                e.push(
-                    "spec.gates.allocatable",
-                    format!(
-                        "Too many: {}: must have at most {MAX_ALLOCATABLE} items",
-                        gates.allocatable.len()
-                    ),
-                );
+            if let Some(m) = too_many(gates.allocatable.len(), MAX_ALLOCATABLE as usize) {
+                e.push("spec.gates.allocatable", m);
             }
             let mut seen = BTreeSet::new();
             for (i, gate) in gates.allocatable.iter().enumerate() {
@@ -169,6 +157,11 @@ impl SafeRolloutSpec {
 }
 
 /// [`duration`] for validators outside this module.
+/// The API server's complaint about a list longer than `max`, if it is.
+pub(crate) fn too_many(len: usize, max: usize) -> Option<String> {
+    (len > max).then(|| format!("Too many: {len}: must have at most {max} items"))
+}
+
 pub(crate) fn check_duration(
     push: crate::proof::Push,
     path: &str,

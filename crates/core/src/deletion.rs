@@ -18,6 +18,8 @@
 
 use saferollout_api::{ON_DELETE_KEEP_TEMPLATE, SafeRolloutStatus};
 
+use crate::rollout::is_blocked;
+
 /// How the finalizer hands the DaemonSet back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandBack {
@@ -40,7 +42,6 @@ pub fn hand_back(
 ) -> HandBack {
     let stable = status.stable_revision.as_deref();
     let stopped = status.stopped.as_ref().map(|s| s.revision.as_str());
-    let blocked = |r: &str| status.blocked_revisions.iter().any(|b| b.revision == r);
     if annotation == Some(ON_DELETE_KEEP_TEMPLATE) {
         return HandBack {
             restore_last_good: false,
@@ -54,7 +55,7 @@ pub fn hand_back(
         };
     }
     let stopped_on_ds =
-        current.is_some_and(|c| Some(c) == stopped || (Some(c) != stable && blocked(c)));
+        current.is_some_and(|c| Some(c) == stopped || (Some(c) != stable && is_blocked(status, c)));
     let restore_last_good = stopped_on_ds && stable.is_some();
     let keep_on_delete = stopped.is_some() && (agents_on_stopped || current == stopped);
     let mut message = match (restore_last_good, current) {

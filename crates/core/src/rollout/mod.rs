@@ -340,11 +340,7 @@ fn rolls_forward(st: &SafeRolloutStatus, current: &str, stable: &str) -> bool {
 /// `InvalidSpec`: the SafeRollout asks for what the operator's limits
 /// refuse; nothing moves forward until the spec or the limits change.
 fn refuse(o: &Observed, st: &mut SafeRolloutStatus, refused: &[crate::limits::Refusal]) {
-    let list = refused
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ");
+    let list = crate::limits::describe_all(refused);
     phase::stalled(
         st,
         o,
