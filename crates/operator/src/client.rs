@@ -15,7 +15,8 @@
 //! pod writes, `API_WRITES_IN_FLIGHT`, plus its watches and status writes).
 //!
 //! The operator makes two clients, so two connections: one for its watches
-//! (and its lease), one for its writes. Over one connection, a single task
+//! (and its lease), one for its writes. The writer's writes go through the
+//! leader fence ([`FenceLayer`]) on every attempt, retries included. Over one connection, a single task
 //! reads and decrypts every frame, so a write's answer, or the next
 //! deletion's request, can wait behind the watch events of the cluster's
 //! nodes and agent pods. At 1,000 nodes and `maxUnavailable: 1`, from the
@@ -24,17 +25,33 @@
 //! 11.4) over two, four runs each (audit log,
 //! bench/results/2026-12-05-profile.md).
 
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
 use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
-use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
+use tower::{BoxError, Layer, Service, ServiceBuilder, retry::RetryLayer};
+
+use crate::leader::{Admits, Fence};
 
 /// A client for `config` (HTTP/2 over TLS where the server agrees to it by
 /// ALPN; HTTP/1.1 otherwise, e.g. a plain-HTTP test server).
 pub fn from_config(config: Config) -> kube::Result<Client> {
+    build(config, None)
+}
+
+/// A client whose writes (every method but GET and HEAD) are sent only
+/// while `fence` is open and are given up at its deadline.
+pub fn fenced(config: Config, fence: Arc<Fence>) -> kube::Result<Client> {
+    build(config, Some(fence))
+}
+
+fn build(config: Config, fence: Option<Arc<Fence>>) -> kube::Result<Client> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     // Every watch and write shares one connection, so the client keeps
@@ -77,16 +94,112 @@ pub fn from_config(config: Config) -> kube::Result<Client> {
         .build(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        // A write, retries included, ends at the fence's deadline...
+        .option_layer(fence.clone().map(|f| FenceLayer {
+            fence: f,
+            deadline: true,
+        }))
         .option_layer(
             config
                 .default_retry
                 .then(|| RetryLayer::new(RetryPolicy::server_retry())),
         )
+        // ... and each attempt, a retry's too, is sent only while the fence
+        // is open.
+        .option_layer(fence.map(|f| FenceLayer {
+            fence: f,
+            deadline: false,
+        }))
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// A write the leader fence stopped.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Fenced {
+    /// The fence was closed: the write was not sent.
+    #[error("the leader fence is closed; the write was not sent")]
+    NotSent,
+    /// The fence's deadline passed with the write in flight: the client gave
+    /// it up (the API server may still have applied it, within the margin).
+    #[error("the leader fence's deadline passed with the write in flight; given up")]
+    GivenUp,
+}
+
+impl Fenced {
+    /// The fence error behind a client error, if that is what it is.
+    pub fn of(e: &kube::Error) -> Option<&Fenced> {
+        match e {
+            kube::Error::Service(e) => e.downcast_ref::<Fenced>(),
+            _ => None,
+        }
+    }
+}
+
+/// Checks the leader fence before a write is sent and, with `deadline`,
+/// gives it up at the fence's deadline; see [`crate::leader`].
+#[derive(Clone)]
+pub struct FenceLayer {
+    fence: Arc<Fence>,
+    deadline: bool,
+}
+
+impl<S> Layer<S> for FenceLayer {
+    type Service = FencedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FencedService {
+            inner,
+            fence: self.fence.clone(),
+            deadline: self.deadline,
+        }
+    }
+}
+
+/// The service [`FenceLayer`] makes.
+#[derive(Clone)]
+pub struct FencedService<S> {
+    inner: S,
+    fence: Arc<Fence>,
+    deadline: bool,
+}
+
+impl<S, B> Service<http::Request<B>> for FencedService<S>
+where
+    S: Service<http::Request<B>, Error = BoxError>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // Reads change nothing another replica could contradict.
+        if matches!(*request.method(), http::Method::GET | http::Method::HEAD) {
+            return Box::pin(self.inner.call(request));
+        }
+        match self.fence.admits() {
+            Admits::Always => Box::pin(self.inner.call(request)),
+            Admits::Nothing => Box::pin(std::future::ready(Err(Fenced::NotSent.into()))),
+            Admits::Until(_) if !self.deadline => Box::pin(self.inner.call(request)),
+            Admits::Until(deadline) => {
+                let write = self.inner.call(request);
+                Box::pin(async move {
+                    tokio::time::timeout_at(deadline.into(), write)
+                        .await
+                        .unwrap_or_else(|_| Err(Fenced::GivenUp.into()))
+                })
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -149,5 +262,133 @@ mod tests {
             "the client's socket to the API server has Nagle's algorithm on (TCP_NODELAY unset)"
         );
         drop(client);
+    }
+
+    /// A plain-HTTP API server that answers every write with `status` (and
+    /// `Retry-After: 1`) and every read with 404, recording each request's
+    /// method and when it came.
+    async fn serve(
+        status: &'static str,
+    ) -> (
+        String,
+        std::sync::Arc<std::sync::Mutex<Vec<(String, std::time::Instant)>>>,
+    ) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut reader = tokio::io::BufReader::new(stream);
+                    loop {
+                        let mut head = String::new();
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push_str(&line);
+                        }
+                        let mut body = vec![0; length];
+                        reader.read_exact(&mut body).await.unwrap();
+                        let method = head.split(' ').next().unwrap_or_default().to_string();
+                        log.lock()
+                            .unwrap()
+                            .push((method.clone(), std::time::Instant::now()));
+                        let (status, body) = if method == "GET" {
+                            (
+                                "404 Not Found",
+                                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"not found","reason":"NotFound","code":404}"#,
+                            )
+                        } else {
+                            (
+                                status,
+                                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"slow down","reason":"TooManyRequests","code":429}"#,
+                            )
+                        };
+                        let answer = format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        reader.get_mut().write_all(answer.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    fn delete(
+        client: &kube::Client,
+    ) -> impl std::future::Future<Output = kube::Result<serde_json::Value>> {
+        let request = http::Request::delete("/api/v1/namespaces/x/pods/p")
+            .body(Vec::new())
+            .unwrap();
+        let client = client.clone();
+        async move { client.request::<serde_json::Value>(request).await }
+    }
+
+    #[tokio::test]
+    async fn a_closed_fence_sends_no_write_and_an_open_one_bounds_its_retries() {
+        use crate::leader::Fence;
+        use std::time::{Duration, Instant};
+        let (url, seen) = serve("429 Too Many Requests").await;
+        let fence = Fence::elected();
+        let client = super::fenced(kube::Config::new(url.parse().unwrap()), fence.clone()).unwrap();
+
+        // Closed: the write never leaves the process; reads still go.
+        let e = delete(&client).await.unwrap_err();
+        assert_eq!(
+            super::Fenced::of(&e),
+            Some(&super::Fenced::NotSent),
+            "{e:?}"
+        );
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "a write was sent through a closed fence"
+        );
+        let read = http::Request::get("/api/v1/namespaces/x/pods/p")
+            .body(Vec::new())
+            .unwrap();
+        assert!(client.request::<serde_json::Value>(read).await.is_err());
+        assert_eq!(seen.lock().unwrap().len(), 1, "the read was not sent");
+
+        // Open until 600 ms from now; the server asks to retry after 1 s:
+        // the retry would come after the deadline, so the write is given up
+        // at the deadline and never sent again.
+        fence.set_held(true);
+        let deadline = Instant::now() + Duration::from_millis(600);
+        fence.confirm_until(deadline);
+        let e = delete(&client).await.unwrap_err();
+        let given_up = Instant::now();
+        assert_eq!(
+            super::Fenced::of(&e),
+            Some(&super::Fenced::GivenUp),
+            "{e:?}"
+        );
+        assert!(given_up >= deadline && given_up < deadline + Duration::from_millis(300));
+        // Past the Retry-After: nothing more arrived.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let seen = seen.lock().unwrap();
+        let writes: Vec<_> = seen.iter().filter(|(m, _)| m == "DELETE").collect();
+        assert_eq!(
+            writes.len(),
+            1,
+            "a write was retried past the fence: {seen:?}"
+        );
+        assert!(writes[0].1 < deadline);
     }
 }

@@ -11,17 +11,30 @@
 //! On top of it, a write fence ([`Fence`]): every write the operator makes
 //! first checks that the lease is held and was confirmed recently enough that
 //! no other replica can have taken it. The confirmation is our own renewal as
-//! the Lease watch delivers it; the fence closes `duration - grace/2` after
-//! the last one seen, i.e. before the lease can expire, so a leader that stops
-//! renewing (stalled, cut off from the API) stops writing before another
-//! replica may start.
+//! the Lease watch delivers it, dated by the `renewTime` we wrote (our own
+//! clock), not by when the watch delivered it: a watch that lags would
+//! otherwise keep the fence open past the lease.
+//!
+//! The fence closes `duration - grace/2` after that renewal. The manager
+//! renews `grace` before expiry, so a renewal has `grace/2` to be written
+//! and seen before the fence closes; and a write sent just before the fence
+//! closes has `grace/2` to reach the API server before the lease expires and
+//! another replica may take it (the margin; 5 s with the defaults, 15 s and
+//! 10 s). The writer client ([`crate::client`]) checks the fence before
+//! sending every write, retries included, and gives a write up at the
+//! fence's deadline, so a leader that stops renewing (frozen, cut off from the
+//! API, its writes delayed) sends nothing after the fence closed. What no
+//! client can bound is a write's time in transit once sent: the margin is
+//! the assumption, so on an API server slower than that, raise
+//! `--lease-grace` (and `--lease-duration`).
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
@@ -63,7 +76,9 @@ impl Fence {
         })
     }
 
-    fn elected() -> Arc<Self> {
+    /// A fence for a replica in an election: closed until the lease is held
+    /// and a renewal confirmed ([`elect`] opens it).
+    pub fn elected() -> Arc<Self> {
         Arc::new(Fence {
             state: Mutex::new(FenceState::Lease {
                 held: false,
@@ -74,15 +89,22 @@ impl Fence {
 
     /// May this replica write now?
     pub fn is_open(&self) -> bool {
+        !matches!(self.admits(), Admits::Nothing)
+    }
+
+    /// Whether a write may be sent now, and until when it may be in flight.
+    pub fn admits(&self) -> Admits {
         match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
-            FenceState::Always => true,
-            FenceState::Lease { held, valid_until } => {
-                *held && valid_until.is_some_and(|t| Instant::now() < t)
-            }
+            FenceState::Always => Admits::Always,
+            FenceState::Lease {
+                held: true,
+                valid_until: Some(until),
+            } if Instant::now() < *until => Admits::Until(*until),
+            FenceState::Lease { .. } => Admits::Nothing,
         }
     }
 
-    fn set_held(&self, now_held: bool) {
+    pub(crate) fn set_held(&self, now_held: bool) {
         if let FenceState::Lease { held, valid_until } =
             &mut *self.state.lock().unwrap_or_else(|e| e.into_inner())
         {
@@ -93,12 +115,57 @@ impl Fence {
         }
     }
 
-    fn confirm_until(&self, until: Instant) {
+    pub(crate) fn confirm_until(&self, until: Instant) {
         if let FenceState::Lease { valid_until, .. } =
             &mut *self.state.lock().unwrap_or_else(|e| e.into_inner())
         {
             *valid_until = Some(until);
         }
+    }
+}
+
+/// What the fence admits now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admits {
+    /// No election: writes go at any time, with no deadline.
+    Always,
+    /// Writes sent before this instant, and given up at it.
+    Until(Instant),
+    /// No write.
+    Nothing,
+}
+
+/// When a renewal we wrote at `renewed` (our wall clock) stops vouching for
+/// the lease, as a monotonic instant: `validity` after it. A renewal dated in
+/// the future (a clock step back) counts from now.
+fn confirmed_until(renewed: SystemTime, validity: Duration) -> Instant {
+    let age = SystemTime::now()
+        .duration_since(renewed)
+        .unwrap_or(Duration::ZERO);
+    let now = Instant::now();
+    (now + validity).checked_sub(age).unwrap_or(now)
+}
+
+/// A failure to join the election, said with its fix: at start-up, the
+/// usual causes are a namespace that does not exist (the operator run
+/// outside the cluster) and missing RBAC.
+fn explain(e: kube_lease_manager::LeaseManagerError, config: &ElectionConfig) -> anyhow::Error {
+    use kube_lease_manager::LeaseManagerError::KubeError;
+    let (ns, lease) = (&config.namespace, &config.lease_name);
+    match &e {
+        KubeError(kube::Error::Api(s))
+            if s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces") =>
+        {
+            anyhow::anyhow!(
+                "the leader Lease's namespace {ns:?} does not exist: create it (kubectl create namespace {ns}), pick another with --leader-election-namespace, or run one replica with --leader-election=false"
+            )
+        }
+        KubeError(kube::Error::Api(s)) if s.code == 403 => anyhow::anyhow!(
+            "the operator may not read or write the Lease {ns}/{lease} ({}): apply the operator's RBAC (deploy/rbac.yaml or the chart), or run one replica with --leader-election=false",
+            s.message
+        ),
+        _ => anyhow::Error::new(e)
+            .context(format!("joining the leader election on Lease {ns}/{lease}")),
     }
 }
 
@@ -129,28 +196,33 @@ impl StepDown {
 }
 
 /// No election: this replica leads from the start.
-pub fn sole_leader() -> Leadership {
+pub fn sole_leader(fence: Arc<Fence>) -> Leadership {
     let (tx, rx) = tokio::sync::watch::channel(true);
     // Keep the sender alive for the whole process: the receiver must not see a close.
     std::mem::forget(tx);
     Leadership {
-        fence: Fence::always(),
+        fence,
         changes: rx,
         step_down: StepDown(None),
     }
 }
 
-/// Joins the election; returns once the lease's state has been read.
-pub async fn elect(client: Client, config: ElectionConfig) -> anyhow::Result<Leadership> {
+/// Joins the election with `fence` (from [`Fence::elected`]); returns once
+/// the lease's state has been read.
+pub async fn elect(
+    client: Client,
+    config: ElectionConfig,
+    fence: Arc<Fence>,
+) -> anyhow::Result<Leadership> {
     let params = LeaseParams::new(config.identity.clone(), config.duration, config.grace)
         .with_field_manager(format!("saferollout-operator/{}", config.identity));
     let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
         .with_namespace(&config.namespace)
         .with_parameters(params)
         .build()
-        .await?;
+        .await
+        .map_err(|e| explain(e, &config))?;
     let (mut from_manager, task) = manager.watch().await;
-    let fence = Fence::elected();
     let (tx, rx) = tokio::sync::watch::channel(false);
 
     // Follow the manager's view of leadership; on shutdown, close its channel
@@ -203,10 +275,11 @@ pub async fn elect(client: Client, config: ElectionConfig) -> anyhow::Result<Lea
         while let Some(lease) = leases.next().await {
             let Ok(lease) = lease else { continue };
             let spec = lease.spec.unwrap_or_default();
-            if spec.holder_identity.as_deref() == Some(identity.as_str())
-                && spec.renew_time.is_some()
-            {
-                f.confirm_until(Instant::now() + validity);
+            if spec.holder_identity.as_deref() != Some(identity.as_str()) {
+                continue;
+            }
+            if let Some(MicroTime(renewed)) = spec.renew_time {
+                f.confirm_until(confirmed_until(renewed.into(), validity));
             }
         }
     });
@@ -238,5 +311,28 @@ mod tests {
         f.set_held(false);
         assert!(!f.is_open());
         assert!(Fence::always().is_open());
+        assert_eq!(Fence::always().admits(), Admits::Always);
+    }
+
+    #[test]
+    fn a_renewal_vouches_from_when_it_was_written_not_when_it_was_seen() {
+        let validity = Duration::from_secs(10);
+        // Seen 4 s after we wrote it (a lagging watch): 6 s are left.
+        let until = confirmed_until(SystemTime::now() - Duration::from_secs(4), validity);
+        let left = until - Instant::now();
+        assert!(
+            left <= Duration::from_secs(6) && left > Duration::from_millis(5900),
+            "{left:?}"
+        );
+        // Older than the validity: vouches for nothing.
+        let until = confirmed_until(SystemTime::now() - Duration::from_secs(11), validity);
+        assert!(until <= Instant::now());
+        // Dated in the future: counts from now, never beyond the validity.
+        let until = confirmed_until(SystemTime::now() + Duration::from_secs(30), validity);
+        assert!(until <= Instant::now() + validity);
+        let f = Fence::elected();
+        f.set_held(true);
+        f.confirm_until(until);
+        assert_eq!(f.admits(), Admits::Until(until));
     }
 }

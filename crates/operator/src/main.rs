@@ -56,8 +56,12 @@ struct Args {
     /// over at most this long (plus a second) after the old one died.
     #[arg(long, env = "SAFEROLLOUT_LEASE_DURATION", default_value_t = 15)]
     lease_duration: u64,
-    /// Seconds before expiry the leader renews its lease.
-    #[arg(long, env = "SAFEROLLOUT_LEASE_GRACE", default_value_t = 5)]
+    /// Seconds before expiry the leader renews its lease. The leader stops
+    /// writing `grace/2` after a renewal would have been due, so half of it is
+    /// the time a renewal has to be confirmed and the time a write sent just
+    /// before the fence closed has to reach the API server before another
+    /// replica may take over (5 s with the defaults).
+    #[arg(long, env = "SAFEROLLOUT_LEASE_GRACE", default_value_t = 10)]
     lease_grace: u64,
     /// Watch what the device gates read (ResourceSlices, ResourceClaims, the
     /// workload pods of the nodes a rollout holds, the operator's quarantine
@@ -148,14 +152,24 @@ fn identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    tokio::runtime::Builder::new_multi_thread()
+    let result = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(usize::from(args.worker_threads))
         .on_thread_unpark(allocator::steady_work_on_this_thread)
         .enable_all()
-        .build()?
-        .block_on(run(args))
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(args)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // One line that says what is wrong and how to fix it (the errors
+        // are written for that), not a backtrace.
+        Err(e) => {
+            eprintln!("saferollout-operator: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -174,13 +188,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--lease-grace must be at least 1 and less than --lease-duration");
     }
     let limits = limits(&args)?;
-    let config = kube::Config::infer().await?;
+    let config = kube::Config::infer().await.map_err(|e| {
+        anyhow::anyhow!(
+            "no Kubernetes API to talk to ({e}): run in a pod with a ServiceAccount, or set KUBECONFIG to a kubeconfig file"
+        )
+    })?;
     // Two connections to the API server: one carries the watches (and the
-    // lease), the other the writes (see `client`).
+    // lease), the other the writes, each behind the leader fence (see
+    // `client` and `leader`).
+    let fence = if args.leader_election {
+        leader::Fence::elected()
+    } else {
+        leader::Fence::always()
+    };
     let client = client::from_config(config.clone())?;
-    let writer = client::from_config(config)?;
+    let writer = client::fenced(config, fence.clone())?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr).await?;
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot serve metrics on {} ({e}): choose another address with --metrics-addr",
+                args.metrics_addr
+            )
+        })?;
     tracing::info!(
         metrics = %listener.local_addr()?,
         namespaces = ?args.watch_namespaces,
@@ -200,7 +231,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let election = async {
         if !args.leader_election {
-            return Ok(leader::sole_leader());
+            return Ok(leader::sole_leader(fence));
         }
         let namespace = args
             .leader_election_namespace
@@ -214,7 +245,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             grace: args.lease_grace,
         };
         tracing::info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "joining the leader election");
-        leader::elect(client.clone(), config).await
+        leader::elect(client.clone(), config, fence).await
     };
     // The caches fill while the election runs (start-up at 5,000 nodes is
     // mostly their initial lists).

@@ -125,6 +125,9 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     pub reconciles: Family<ResultLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    /// Passes that panicked, by SafeRollout (the pass was abandoned; see
+    /// `controller::reconcile`).
+    pub reconcile_panics: Family<RolloutLabels, Counter>,
     pub watch_restarts: Family<ResourceLabels, Counter>,
     /// Reconcile requests sent to the work queue, by what sent them (see
     /// `controller::caches::Cause`); requests for a rollout already queued
@@ -168,6 +171,7 @@ impl Default for Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
+            reconcile_panics: Family::default(),
             watch_restarts: Family::default(),
             wakes: Family::default(),
             leader: Gauge::default(),
@@ -281,6 +285,11 @@ impl Default for Metrics {
             "reconcile_errors",
             "Reconcile errors by kind",
             m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_panics",
+            "Passes that panicked (a bug; the pass was abandoned and the other SafeRollouts went on), by SafeRollout",
+            m.reconcile_panics.clone(),
         );
         registry.register(
             "watch_restarts",

@@ -1143,3 +1143,43 @@ async fn the_operator_client_multiplexes_its_requests_over_http2() -> anyhow::Re
     }
     Ok(())
 }
+
+/// Start-up errors say what is wrong and how to fix it in one line, with no
+/// backtrace (even with RUST_BACKTRACE set): run outside the cluster without
+/// the Lease's namespace, and with no kubeconfig at all.
+#[test]
+fn start_up_errors_say_the_fix_in_one_line() -> anyhow::Result<()> {
+    let c = cluster();
+    let run = |envs: &[(&str, &str)], args: &[&str]| -> anyhow::Result<(bool, String)> {
+        let out = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"))
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LOG", "off")
+            .env_remove("POD_NAMESPACE")
+            .envs(envs.iter().copied())
+            .output()?;
+        Ok((out.status.success(), String::from_utf8(out.stderr)?))
+    };
+    let kubeconfig = c.kubeconfig().to_string_lossy().into_owned();
+    let (ok, stderr) = run(
+        &[("KUBECONFIG", &kubeconfig)],
+        &[
+            "--leader-election-namespace",
+            "no-such-namespace-for-the-lease",
+        ],
+    )?;
+    assert!(!ok, "the operator started without its Lease's namespace");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line:\n{stderr}");
+    assert!(
+        stderr.contains("\"no-such-namespace-for-the-lease\" does not exist")
+            && stderr.contains("kubectl create namespace no-such-namespace-for-the-lease")
+            && stderr.contains("--leader-election-namespace"),
+        "{stderr}"
+    );
+    let (ok, stderr) = run(&[("KUBECONFIG", "/nonexistent/kubeconfig")], &[])?;
+    assert!(!ok);
+    assert_eq!(stderr.trim().lines().count(), 1, "one line:\n{stderr}");
+    assert!(stderr.contains("set KUBECONFIG"), "{stderr}");
+    Ok(())
+}

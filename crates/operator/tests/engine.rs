@@ -1002,3 +1002,109 @@ async fn refused_progress_writes_mid_stage_repeat_and_skip_nothing() -> anyhow::
     );
     Ok(())
 }
+
+/// A pass that panics (a bug) is caught: its SafeRollout says so in a
+/// condition and the metric counts it, while the process and every other
+/// SafeRollout go on (here one in another namespace rolls a release through
+/// all its stages meanwhile). The panic comes from the operator's debug-build
+/// hook `SAFEROLLOUT_DEBUG_PANIC_IN_PASS`.
+#[tokio::test]
+async fn a_pass_that_panics_stops_only_its_own_safe_rollout() -> anyhow::Result<()> {
+    let env = setup("panic").await?;
+    let c = cluster();
+    let other = c.namespace("panic-other").await?;
+    let other_resource = format!("{}-other", env.resource);
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    support::create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
+    support::create_plugin_daemonset(&env.client, &other.name, &other_resource, v1).await?;
+    let port = free_loopback_port()?;
+    let args: Vec<String> = [
+        "--namespace",
+        &format!("{},{}", env.ns.name, other.name),
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+        "--lease-duration",
+        "3",
+        "--lease-grace",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let panicking = format!("{}/plugin", env.ns.name);
+    let mut op = Operator::start_with_env(
+        Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
+        &args,
+        &[("SAFEROLLOUT_DEBUG_PANIC_IN_PASS", &panicking)],
+        &format!("panic-{}", env.ns.name),
+    )?;
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        support::default_spec(&env.resource, v1),
+    )
+    .await?;
+    create_rollout(
+        &env.client,
+        &other.name,
+        "plugin",
+        support::default_spec(&other_resource, v1),
+    )
+    .await?;
+
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        condition(st, "Stalled").is_some_and(|c| c.reason == "ReconcilePanicked")
+    })
+    .await?;
+    let stalled = condition(&st, "Stalled").unwrap();
+    assert_eq!(stalled.status, "True");
+    assert!(
+        stalled.message.contains("SAFEROLLOUT_DEBUG_PANIC_IN_PASS"),
+        "the panic's message is reported: {}",
+        stalled.message
+    );
+    assert_eq!(
+        condition(&st, "Ready").map(|c| c.reason.as_str()),
+        Some("ReconcilePanicked")
+    );
+
+    // The other SafeRollout adopts its DaemonSet and rolls v2 out to the end.
+    wait_adopted(&env.client, &other.name, "plugin").await?;
+    support::set_template_image(&env.client, &other.name, "plugin", &other_resource, v2).await?;
+    wait_status(&env.client, &other.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded)
+            && st.stages.len() == 3
+            && st.stages.iter().all(|s| s.state == StageState::Passed)
+    })
+    .await?;
+    wait_agents(&env.client, &other.name, v2).await?;
+
+    assert!(op.is_running(), "the operator process survived the panic");
+    let (code, body) = http_get(port, "/metrics")?;
+    assert_eq!(code, 200);
+    let panics: f64 = body
+        .lines()
+        .find(|l| {
+            l.starts_with("saferollout_reconcile_panics_total{")
+                && l.contains(&format!("namespace=\"{}\"", env.ns.name))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(panics >= 1.0, "the panics are counted:\n{body}");
+    assert!(
+        !body.contains(&format!(
+            "saferollout_reconcile_panics_total{{namespace=\"{}\"",
+            other.name
+        )),
+        "no panic is counted for the other SafeRollout"
+    );
+    // Its DaemonSet was never touched: still on v1, still RollingUpdate.
+    let ds =
+        Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+            .get("plugin")
+            .await?;
+    let strategy = ds.spec.update_strategy.and_then(|u| u.type_);
+    assert_ne!(strategy.as_deref(), Some("OnDelete"));
+    Ok(())
+}

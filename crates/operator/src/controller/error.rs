@@ -1,6 +1,7 @@
 //! The controller's errors, each with the label the error metric uses and
 //! whether a fast retry is right.
 
+use crate::client::Fenced;
 use std::time::Duration;
 
 use kube::runtime::controller::Action as Requeue;
@@ -22,6 +23,9 @@ pub enum Error {
     StaleDaemonSet,
     #[error("this replica does not hold the leader lease; not writing")]
     NotLeader,
+    /// The pass panicked (a bug): abandoned, reported on the SafeRollout.
+    #[error("the pass panicked: {0}")]
+    Panicked(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -29,6 +33,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// How soon a pass that met the closed write fence runs again. The pass
 /// stops at the fence before any request, so retrying costs nothing.
 pub const NOT_LEADER_RETRY: Duration = Duration::from_millis(500);
+
+/// How soon a SafeRollout whose pass panicked is tried again.
+pub const PANICKED_RETRY: Duration = Duration::from_secs(30);
 
 impl Error {
     /// The error itself, seen through the finalizer's wrapping.
@@ -47,7 +54,11 @@ impl Error {
     pub fn metric_label(&self) -> String {
         match self.root() {
             Error::Kube(kube::Error::Api(s)) => format!("api_{}", s.reason.to_lowercase()),
-            Error::Kube(_) => "kube".into(),
+            Error::Kube(e) => match Fenced::of(e) {
+                Some(Fenced::NotSent) => "not_leader".into(),
+                Some(Fenced::GivenUp) => "write_deadline".into(),
+                None => "kube".into(),
+            },
             Error::Finalizer(f) => match &**f {
                 finalizer::Error::AddFinalizer(_) => "finalizer_add".into(),
                 finalizer::Error::RemoveFinalizer(_) => "finalizer_remove".into(),
@@ -58,6 +69,7 @@ impl Error {
             Error::MissingField(_) => "missing_field".into(),
             Error::StaleDaemonSet => "stale_daemonset".into(),
             Error::NotLeader => "not_leader".into(),
+            Error::Panicked(_) => "panic".into(),
         }
     }
 
@@ -91,6 +103,13 @@ impl Error {
             // minutes). A replica that stops leading drops its queue, so
             // the retry ends with the leadership.
             Error::NotLeader => NOT_LEADER_RETRY,
+            // The writer client met the fence (see `client::FenceLayer`):
+            // as above, or a write given up at the fence's deadline, which
+            // the next pass re-derives from the caches.
+            Error::Kube(e) if Fenced::of(e).is_some() => NOT_LEADER_RETRY,
+            // A bug that will likely recur: try again now and then (a
+            // transient one clears), without spinning.
+            Error::Panicked(_) => PANICKED_RETRY,
             _ => Duration::from_secs(5),
         }
     }

@@ -25,7 +25,9 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use std::panic::AssertUnwindSafe;
+
+use futures::{FutureExt, StreamExt};
 use jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action as Requeue, Config as QueueConfig, applier};
@@ -194,6 +196,102 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
     // thread, not a worker): its thread cache goes too (see `allocator`).
     crate::allocator::steady_work_on_this_thread();
     let key = key_of(&sr)?;
+    // Every SafeRollout's pass runs in the one work-queue task: a panic in
+    // one (a bug, or an object no test foresaw) would end the process and,
+    // the same object being there after a restart, crash-loop both replicas.
+    // It is caught here and the pass abandoned instead.
+    let result = match AssertUnwindSafe(pass(sr.clone(), &ctx, &key))
+        .catch_unwind()
+        .await
+    {
+        Ok(result) => result,
+        Err(payload) => Err(panicked(&sr, &ctx, &key, &*payload).await),
+    };
+    let label = match &result {
+        Ok(_) => "success",
+        Err(e) if matches!(e.requeue(), r if r == Requeue::requeue(Duration::from_millis(200))) => {
+            "requeue"
+        }
+        Err(_) => "error",
+    };
+    ctx.metrics.observe_reconcile(started.elapsed(), label);
+    result
+}
+
+/// The target DaemonSet's identity and generation, as `world` has it.
+fn daemonset_version(world: &snapshot::World) -> Option<(Option<String>, Option<i64>)> {
+    world
+        .ds
+        .as_ref()
+        .map(|d| (d.metadata.uid.clone(), d.metadata.generation))
+}
+
+/// A pass that panicked: its memory is dropped (nothing in it is needed for
+/// safety, see [`RolloutMemory`], and a pass cut short may have left it half
+/// updated), the panic is counted, logged and reported on the SafeRollout
+/// (Stalled, reason `ReconcilePanicked`, with the panic's message); the
+/// other SafeRollouts go on.
+async fn panicked(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    payload: &(dyn std::any::Any + Send),
+) -> Error {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    // The message may quote objects: masked and bounded like any text the
+    // operator copies into status.
+    let what = saferollout_core::gates::proof::mask_secrets(
+        &saferollout_core::gates::proof::truncate(&what, 512),
+    );
+    ctx.forget(key);
+    ctx.metrics
+        .reconcile_panics
+        .get_or_create(&crate::metrics::RolloutLabels {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+        })
+        .inc();
+    tracing::error!(namespace = %key.0, name = %key.1, panic = %what, "the pass panicked and was abandoned (a bug: please report it); the other SafeRollouts go on");
+    let old = sr.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    set_stalled(
+        &mut new,
+        old.phase.unwrap_or(Phase::Pending),
+        "ReconcilePanicked",
+        format!(
+            "the operator's pass for this SafeRollout panicked and was abandoned (a bug; please report it): {what}; nothing more is done for it until a pass succeeds (retried every {} s)",
+            error::PANICKED_RETRY.as_secs()
+        ),
+        sr.metadata.generation,
+        Timestamp::now(),
+    );
+    if let Err(e) = writes::status(sr, ctx, key, &old, &new).await {
+        warn!(namespace = %key.0, name = %key.1, error = %e, "reporting the panic in status");
+    }
+    Error::Panicked(what)
+}
+
+/// Test hook, in debug builds only: the pass of the SafeRollout named by
+/// `SAFEROLLOUT_DEBUG_PANIC_IN_PASS=<namespace>/<name>` panics, so the
+/// end-to-end tests can check that one panicking pass harms nothing else.
+fn debug_panic_hook(key: &RolloutKey) {
+    #[cfg(debug_assertions)]
+    if std::env::var("SAFEROLLOUT_DEBUG_PANIC_IN_PASS")
+        .is_ok_and(|v| v == format!("{}/{}", key.0, key.1))
+    {
+        panic!("SAFEROLLOUT_DEBUG_PANIC_IN_PASS names {}/{}", key.0, key.1);
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = key;
+}
+
+/// One pass over `sr`: the fence, the finalizer, then apply or clean up.
+async fn pass(sr: Arc<SafeRollout>, ctx: &Arc<Context>, key: &RolloutKey) -> Result<Requeue> {
+    let (ctx, key) = (ctx.clone(), key.clone());
     if !ctx.fence.is_open() {
         return Err(Error::NotLeader);
     }
@@ -216,14 +314,6 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
     if let (Some(version), Ok(_)) = (adding, &result) {
         ctx.memory(&key, |m| m.finalizer_added_to = Some(version));
     }
-    let label = match &result {
-        Ok(_) => "success",
-        Err(e) if matches!(e.requeue(), r if r == Requeue::requeue(Duration::from_millis(200))) => {
-            "requeue"
-        }
-        Err(_) => "error",
-    };
-    ctx.metrics.observe_reconcile(started.elapsed(), label);
     result
 }
 
@@ -281,6 +371,7 @@ async fn spec_template_state(
 }
 
 async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result<Requeue> {
+    debug_panic_hook(key);
     // No decision on a partial picture (after a restart every cache lists first).
     if !ctx.caches.is_synced() {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
@@ -304,6 +395,18 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     };
     let preflight = run_preflight(sr, ctx, &world, status).await;
     let proof = proof::gather(sr, ctx, key, status, &world, now).await;
+    // The evidence's reads (a dry run, preflight, agent logs) can take
+    // seconds: decide on the caches as they are now, so deletions act on
+    // current readiness, not on what it was before those reads. The gates
+    // still judge at `now`, when the evidence was read: a later instant could
+    // close a window the reads did not cover. Evidence is keyed by pod UID
+    // and gate, so a pod replaced meanwhile has none. A DaemonSet that
+    // changed meanwhile invalidates what was read of it: decide again.
+    let read_on = daemonset_version(&world);
+    let world = snapshot::dereference(sr, &ctx.caches);
+    if daemonset_version(&world) != read_on {
+        return Ok(Requeue::requeue(Duration::from_millis(200)));
+    }
     let id = ctx.rollout_id(key);
     let device_evidence = world.devices.evidence();
     let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&proof);
