@@ -1108,3 +1108,114 @@ async fn a_pass_that_panics_stops_only_its_own_safe_rollout() -> anyhow::Result<
     assert_ne!(strategy.as_deref(), Some("OnDelete"));
     Ok(())
 }
+
+/// The operator ended (SIGABRT, no clean-up, the lease kept: as a SIGKILL)
+/// right after its first write of each kind during a rollout (the
+/// DaemonSet's template, a stage's node label, a pod deletion, a status
+/// write mid-rollout, the last good backup), then started again: the
+/// rollout converges with every node replaced exactly once and the budget
+/// held throughout, and deleting the SafeRollout afterwards leaves no label
+/// on any node. The crash comes from the operator's debug-build hook
+/// `SAFEROLLOUT_DEBUG_CRASH_AFTER`. (The quarantine's writes are covered in
+/// dra_policies.rs.)
+#[tokio::test]
+async fn a_crash_right_after_each_kind_of_write_repeats_and_skips_nothing() -> anyhow::Result<()> {
+    let env = setup("crash").await?;
+    let c = cluster();
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    let start = |ns: &str, log: &str, hook: Option<&str>| {
+        let args: Vec<String> = [
+            "--namespace",
+            ns,
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--lease-duration",
+            "3",
+            "--lease-grace",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let env: Vec<(&str, &str)> = hook
+            .map(|h| ("SAFEROLLOUT_DEBUG_CRASH_AFTER", h))
+            .into_iter()
+            .collect();
+        Operator::start_with_env(
+            Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
+            &args,
+            &env,
+            &format!("{log}-{ns}"),
+        )
+    };
+    for (kind, nth) in [
+        ("template", 1),
+        ("label", 1),
+        ("deletion", 1),
+        ("status", 3),
+        ("backup", 1),
+    ] {
+        let ns = c.namespace(&format!("crash-{kind}")).await?;
+        let resource = format!("{}-{kind}", env.resource);
+        support::create_plugin_daemonset(&env.client, &ns.name, &resource, v1).await?;
+        let mut spec = support::default_spec(&resource, v1);
+        spec["stages"] =
+            json!([{"nodes": 1, "soak": "1s"}, {"nodes": "50%", "soak": "1s"}, {"nodes": "100%"}]);
+        let first = start(&ns.name, "before", None)?;
+        create_rollout(&env.client, &ns.name, "plugin", spec).await?;
+        let adopted = wait_adopted(&env.client, &ns.name, "plugin").await?;
+        drop(first);
+
+        let (samples, sampler) = sample_pods(&env.client, &ns.name, four_nodes());
+        support::set_template_image(&env.client, &ns.name, "plugin", &resource, v2).await?;
+        let hook = format!("{kind}:{nth}");
+        let mut crashing = start(&ns.name, &format!("crash-{kind}"), Some(&hook))?;
+        support::poll(
+            &format!("the operator ending after {kind} write {nth}"),
+            TIMEOUT,
+            || Ok((!crashing.is_running()).then_some(())),
+        )
+        .await?;
+        assert!(
+            crashing
+                .log_text()
+                .contains(&format!("ending the process after {kind} write {nth}")),
+            "the operator ended for another reason than the hook: {}",
+            crashing.log.display()
+        );
+        let _after = start(&ns.name, &format!("after-{kind}"), None)?;
+        wait_status(&env.client, &ns.name, "plugin", TIMEOUT, |st| {
+            st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+        })
+        .await?;
+        wait_agents(&env.client, &ns.name, v2).await?;
+        sampler.abort();
+        {
+            let samples = samples.lock().unwrap();
+            samples.assert_each_node_got_one(v2, 4);
+            let (most, which) = samples.max_unavailable(&BTreeSet::new());
+            assert!(
+                most <= 1,
+                "after a crash at {kind}: {most} agents down at once: {which:?}"
+            );
+        }
+
+        // Deleting the SafeRollout leaves no label of it on any node.
+        let api: Api<SafeRollout> = Api::namespaced(env.client.clone(), &ns.name);
+        api.delete("plugin", &Default::default()).await?;
+        wait_for_object(&api, "plugin", TIMEOUT, |sr| sr.is_none()).await?;
+        let id = format!("{}.plugin", ns.name);
+        let nodes = Api::<Node>::all(env.client.clone())
+            .list(&Default::default())
+            .await?;
+        for n in &nodes.items {
+            assert_ne!(
+                n.labels().get(saferollout_api::ROLLOUT_LABEL),
+                Some(&id),
+                "node {} kept the rollout's label after a crash at {kind}",
+                n.name_any()
+            );
+        }
+    }
+    Ok(())
+}

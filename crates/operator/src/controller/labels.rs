@@ -188,6 +188,7 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
                 with_memory(&shared.memory, key, |m| {
                     m.expectations.label_written(&node, stage, now)
                 });
+                writes::crash_point("label");
             }
             Err(e) => {
                 match e {

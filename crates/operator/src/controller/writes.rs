@@ -267,6 +267,7 @@ async fn send_status(
         }
         m.status_written_at = Some(std::time::Instant::now());
     });
+    crash_point("status");
     Ok(true)
 }
 
@@ -306,7 +307,7 @@ pub async fn perform(
         ctx.memory(key, |m| m.expectations.daemonset_written(g));
         Ok::<_, Error>(Some(g))
     };
-    match action {
+    let result = match action {
         Action::TakeOverUpdates => {
             info!(%ns, daemonset = %ds_name, "setting updateStrategy OnDelete");
             write_ds(guarded(json!([{"op": "replace", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}]))?).await
@@ -385,7 +386,43 @@ pub async fn perform(
         Action::DeleteProbePods { pods } => super::proof::delete_probes(ctx, key, pods)
             .await
             .map(|_| None),
+    };
+    if result.is_ok() {
+        match action {
+            Action::ApplySpecTemplate | Action::RestoreLastGood => crash_point("template"),
+            Action::BackupTemplate { .. } => crash_point("backup"),
+            Action::DeletePods { .. } => crash_point("deletion"),
+            Action::Quarantine { .. } => crash_point("quarantine"),
+            _ => {}
+        }
     }
+    result
+}
+
+/// Test hook, in debug builds only: `SAFEROLLOUT_DEBUG_CRASH_AFTER=<kind>:<n>`
+/// ends the process right after its `n`th successful write of `kind`
+/// (`template`, `backup`, `label`, `deletion`, `quarantine`, `status`) with
+/// SIGABRT: no clean-up and the lease kept, as a SIGKILL would. The
+/// end-to-end tests use it to check that a crash after any kind of write
+/// repeats or skips nothing.
+pub(super) fn crash_point(kind: &str) {
+    #[cfg(debug_assertions)]
+    {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static WRITES: AtomicUsize = AtomicUsize::new(0);
+        let Ok(hook) = std::env::var("SAFEROLLOUT_DEBUG_CRASH_AFTER") else {
+            return;
+        };
+        let Some((which, n)) = hook.split_once(':') else {
+            return;
+        };
+        if which == kind && WRITES.fetch_add(1, Ordering::SeqCst) + 1 == n.parse().unwrap_or(0) {
+            eprintln!("SAFEROLLOUT_DEBUG_CRASH_AFTER: ending the process after {kind} write {n}");
+            std::process::abort();
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = kind;
 }
 
 async fn patch_nodes(ctx: &Context, nodes: &[String], patch: serde_json::Value) -> Result<()> {
