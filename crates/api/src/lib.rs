@@ -14,6 +14,7 @@
 
 pub mod baseline;
 pub mod consts;
+pub mod device_baseline;
 pub mod devices;
 pub mod duration;
 pub mod intstr;

@@ -252,6 +252,81 @@ pub(crate) fn legacy_baseline(schema: &mut Schema) {
     }
 }
 
+/// Adds `deviceBaseline` to a stage's status schema: the per-node map
+/// operators before `deviceBaselineGroups` wrote (see
+/// [`crate::device_baseline`]), as their schema had it. No Rust field writes
+/// it; the schema keeps it so the API server does not prune it from a stored
+/// status before the operator has read it.
+pub(crate) fn legacy_device_baseline(schema: &mut Schema) {
+    let legacy = json!({
+        "additionalProperties": {
+            "description": "What a node had of the gated DRA driver before the stage touched it.",
+            "properties": {
+                "capacity": {
+                    "additionalProperties": {
+                        "format": "int64",
+                        "type": "integer"
+                    },
+                    "description": "Total of each device capacity (e.g. memory) over the devices.",
+                    "type": "object"
+                },
+                "claims": {
+                    "description": "ResourceClaims allocated on the node and reserved for a pod,\n`<namespace>/<name>`, sorted; at most 64 (`claimsTotal` counts them).",
+                    "items": {
+                        "type": "string"
+                    },
+                    "type": "array"
+                },
+                "claimsTotal": {
+                    "default": 0,
+                    "format": "int64",
+                    "type": "integer"
+                },
+                "counters": {
+                    "additionalProperties": {
+                        "format": "int64",
+                        "type": "integer"
+                    },
+                    "description": "Total of each shared counter (e.g. memory) over the pools.",
+                    "type": "object"
+                },
+                "devices": {
+                    "default": 0,
+                    "description": "Devices published in those pools.",
+                    "format": "int64",
+                    "type": "integer"
+                },
+                "pools": {
+                    "description": "The pools the driver published for the node.",
+                    "items": {
+                        "type": "string"
+                    },
+                    "type": "array"
+                },
+                "taints": {
+                    "description": "Tainted devices, `<device>: <key>=<value>:<effect>`, sorted; at most\n64 (`taintsTotal` counts them all).",
+                    "items": {
+                        "type": "string"
+                    },
+                    "type": "array"
+                },
+                "taintsTotal": {
+                    "default": 0,
+                    "format": "int64",
+                    "type": "integer"
+                }
+            },
+            "type": "object"
+        },
+        "description": "Deprecated: the per-node device baseline older operators wrote; read, replaced by deviceBaselineGroups on the next write.",
+        "type": "object",
+        "x-kubernetes-map-type": "atomic"
+    });
+    if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        props.insert("deviceBaseline".into(), legacy);
+    }
+}
+
 /// Marks the schema (an array) as a list-map keyed by `keys`.
 pub(crate) fn list_map(schema: &mut Schema, keys: &[&str]) {
     schema.insert("x-kubernetes-list-type".into(), json!("map"));

@@ -267,7 +267,7 @@ pub type ResourceCounts = litemap::LiteMap<String, i64>;
 /// Progress of one stage.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = schema::legacy_baseline)]
+#[schemars(transform = schema::legacy_baseline, transform = schema::legacy_device_baseline)]
 pub struct StageStatus {
     /// Index (0-based) in the effective stage list.
     pub index: i32,
@@ -316,9 +316,21 @@ pub struct StageStatus {
     pub failed_nodes: Vec<String>,
     /// Per node: what the gated DRA driver published there (devices,
     /// counters, capacity, taints) and the claims allocated there, captured
-    /// before the stage touched the node.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(transform = schema::atomic)]
+    /// before the stage touched the node; written as groups of the nodes
+    /// that had the same shape, with claim names per node.
+    #[serde(
+        rename = "deviceBaselineGroups",
+        alias = "deviceBaseline",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        with = "crate::device_baseline"
+    )]
+    // In memory per node; on the wire groups (`crate::device_baseline`), read
+    // from those or from `deviceBaseline`, the map older operators wrote.
+    #[schemars(
+        with = "Vec<crate::device_baseline::DeviceBaselineGroup>",
+        transform = schema::atomic
+    )]
     pub device_baseline: BTreeMap<String, crate::devices::NodeDevices>,
     /// Nodes of this stage whose claims probe passed (their probe is deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -30,8 +30,8 @@ use saferollout_api::{
 use super::proof::clean_line;
 use super::{Snapshot, Verdict, elapsed, list_some, result};
 use crate::devices::{
-    DeviceEvidence, OTHER_CLAIM_PREFIX, claim_node, failure_message, is_allocated, is_deleting,
-    is_reserved, is_terminal, phase, pod_claim_names,
+    DeviceEvidence, OTHER_CLAIM_PREFIX, claim_key, claim_node, claim_uses_driver, failure_message,
+    is_allocated, is_deleting, is_reserved, is_terminal, phase, pod_claim_names,
 };
 
 pub const NAME: &str = GATE_CLAIMS;
@@ -133,12 +133,18 @@ struct Lost {
 /// other namespaces than the SafeRollout's are recorded by UID and never
 /// named, nor their pods' messages quoted: status is read by this
 /// namespace's users.
-fn lost_claims(ev: &DeviceEvidence, snap: &Snapshot, node: &str, pods: &[&Pod]) -> Vec<Lost> {
+fn lost_claims(
+    gate: &ClaimsGate,
+    ev: &DeviceEvidence,
+    snap: &Snapshot,
+    node: &str,
+    pods: &[&Pod],
+) -> Vec<Lost> {
     let Some(base) = snap.device_baseline.get(node) else {
         return Vec::new();
     };
     let mut lost = Vec::new();
-    for key in &base.claims {
+    for key in &baseline_claims(gate, ev, base, node) {
         let Some(claim) = find_claim(ev, node, key) else {
             continue; // deleted by its user
         };
@@ -201,6 +207,30 @@ fn lost_claims(ev: &DeviceEvidence, snap: &Snapshot, node: &str, pods: &[&Pod]) 
 
 /// The claim a baseline key names: `<namespace>/<name>`, or `uid:<uid>` for
 /// another namespace's (see [`crate::devices::claim_key`]).
+/// The claims of `node`'s baseline to judge: those it recorded by name,
+/// or, for a node whose claims were only counted (past the status's budget
+/// of names, `saferollout_api::device_baseline::MAX_CLAIM_NAMES`, or past
+/// the most one node records), every claim of the driver allocated there
+/// and reserved now. A claim made since the change is then judged too:
+/// stricter, never weaker.
+fn baseline_claims(
+    gate: &ClaimsGate,
+    ev: &DeviceEvidence,
+    base: &saferollout_api::NodeDevices,
+    node: &str,
+) -> Vec<String> {
+    if base.claims.len() as i64 >= base.claims_total {
+        return base.claims.clone();
+    }
+    ev.claims_by_node
+        .get(node)
+        .into_iter()
+        .flatten()
+        .filter(|c| claim_uses_driver(c, &gate.driver) && is_reserved(c))
+        .map(|c| claim_key(c, ev.namespace))
+        .collect()
+}
+
 fn find_claim<'a>(
     ev: &DeviceEvidence<'a>,
     node: &str,
@@ -262,15 +292,18 @@ pub fn evaluate(gate: &ClaimsGate, snap: &Snapshot, _previous: Option<&GateResul
         let needs_pods = snap
             .device_baseline
             .get(node)
-            .is_some_and(|b| !b.claims.is_empty());
+            .is_some_and(|b| b.claims_total > 0);
         let pods = ev.node_pods(node);
         if !agent_ready || (needs_pods && pods.is_none()) {
             awaiting.push(node.to_string());
             continue;
         }
         if let Some(pods) = pods {
-            claims_seen += snap.device_baseline.get(node).map_or(0, |b| b.claims.len());
-            lost.extend(lost_claims(ev, snap, node, pods));
+            claims_seen += snap
+                .device_baseline
+                .get(node)
+                .map_or(0, |b| b.claims_total as usize);
+            lost.extend(lost_claims(gate, ev, snap, node, pods));
         }
         if !to_probe.contains(node) {
             continue;
@@ -490,6 +523,58 @@ mod tests {
             "{}",
             v.result.message
         );
+    }
+
+    /// A node whose claims status only counted (past the status's budget of
+    /// names) is judged on the driver's claims allocated there now: a
+    /// failed pod fails the gate as it would for a named claim.
+    #[test]
+    fn a_node_whose_claims_were_only_counted_is_judged_on_its_claims_now() {
+        let mut w = World::healthy(1, 8);
+        w.device_baseline.insert(
+            "node-0".into(),
+            NodeDevices {
+                claims_total: 1,
+                ..Default::default()
+            },
+        );
+        let c = claim("work", "c1", D, Some("node-0"), Some("p1"));
+        let ok = eval(
+            &w,
+            std::slice::from_ref(&c),
+            &[claim_pod("work", "p1", "node-0", "c1", "Running")],
+            &[],
+        )
+        .result;
+        assert_eq!(
+            (ok.status, ok.reason.as_str()),
+            (GateStatus::Passed, "ClaimsIntact"),
+            "{ok:?}"
+        );
+        assert!(ok.message.starts_with("1 claim(s)"), "{}", ok.message);
+        let v = eval(
+            &w,
+            std::slice::from_ref(&c),
+            &[claim_pod("work", "p1", "node-0", "c1", "Failed")],
+            &[],
+        );
+        assert_eq!(
+            (v.result.status, v.result.reason.as_str()),
+            (GateStatus::Failed, "ClaimPodFailed")
+        );
+        assert!(
+            v.result.message.contains("claim work/c1"),
+            "{}",
+            v.result.message
+        );
+        // Without the pods of the node observed, it waits rather than passes.
+        let mut ev = DeviceEvidence {
+            namespace: "work",
+            ..Default::default()
+        };
+        ev.add_claims(std::slice::from_ref(&c));
+        let v = w.with_devices(Some(&ev), |s| evaluate(&gate(false), s, None));
+        assert_ne!(v.result.status, GateStatus::Passed, "{:?}", v.result);
     }
 
     #[test]

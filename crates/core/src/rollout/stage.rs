@@ -16,6 +16,7 @@
 //! 8. a stage whose gates all passed on all its nodes soaks, waits for its
 //!    approval, then the next stage starts, or the rollout is done.
 
+use saferollout_api::device_baseline;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
@@ -450,6 +451,14 @@ fn reconcile_membership(
         .map(|g| g.resource.as_str())
         .collect();
     let stable = st.stable_revision.clone().unwrap_or_default();
+    // Claim names recorded so far: past the status's budget, a node's claims
+    // are counted only (see saferollout_api::device_baseline).
+    let mut claim_names: usize = st
+        .stages
+        .iter()
+        .flat_map(|s| s.device_baseline.values())
+        .map(|d| d.claims.len())
+        .sum();
     let stage = &mut st.stages[stage_pos];
     for n in &planned {
         // A baseline is what a serving agent of the stable revision advertises:
@@ -468,7 +477,7 @@ fn reconcile_membership(
             .collect();
         stage.baseline.insert(n.clone(), per_res);
         if let Some(devices) = devices::capture_baseline(o, n) {
-            stage.device_baseline.insert(n.clone(), devices);
+            device_baseline::record(&mut stage.device_baseline, n, devices, &mut claim_names);
         }
     }
     for n in &added {
