@@ -423,6 +423,14 @@ pub struct LastGoodTemplate {
     pub controller_revision: String,
     /// Its controller-revision-hash.
     pub revision: String,
+    /// Content hash (`sha256:<hex>` of the template's canonical JSON) of the
+    /// template the operator wrote to that ControllerRevision. The backup is
+    /// used (a revert writes it) only while its content hashes to this; a
+    /// ControllerRevision under that name with other content stops the
+    /// rollout (Ready=False, reason BackupMismatch). Absent in statuses
+    /// written by operators before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
 }
 
 impl SafeRolloutStatus {

@@ -27,18 +27,28 @@ pub struct HandBack {
     pub restore_last_good: bool,
     /// Restore the original update strategy (else leave `OnDelete`).
     pub restore_strategy: bool,
+    /// The content hash the backup written back must have.
+    pub content: Option<String>,
     /// What happens and why, for the log and the Event.
     pub message: String,
 }
 
 /// What deleting the SafeRollout does, from its status, the revision the
 /// DaemonSet carries (`None`: unknown or no DaemonSet), whether an agent pod
-/// still runs the stopped revision, and the `on-delete` annotation.
+/// still runs the stopped revision, the `on-delete` annotation, and the
+/// content hash of the last-good backup found (`None`: none found).
+///
+/// A backup whose content is not what status recorded
+/// (`lastGoodTemplate.templateHash`) is never written: the DaemonSet then
+/// stays `OnDelete` over the stopped template (nothing rolls), and the
+/// message says so. A status without a recorded hash (an older operator's)
+/// uses the backup as found, as that operator did.
 pub fn hand_back(
     status: &SafeRolloutStatus,
     current: Option<&str>,
     agents_on_stopped: bool,
     annotation: Option<&str>,
+    backup: Option<&str>,
 ) -> HandBack {
     let stable = status.stable_revision.as_deref();
     let stopped = status.stopped.as_ref().map(|s| s.revision.as_str());
@@ -46,6 +56,7 @@ pub fn hand_back(
         return HandBack {
             restore_last_good: false,
             restore_strategy: true,
+            content: None,
             message: format!(
                 "handing the DaemonSet back as it is ({ON_DELETE_KEEP_TEMPLATE}): its template{} and its original update strategy",
                 current
@@ -56,6 +67,29 @@ pub fn hand_back(
     }
     let stopped_on_ds =
         current.is_some_and(|c| Some(c) == stopped || (Some(c) != stable && is_blocked(status, c)));
+    let recorded = status
+        .last_good_template
+        .as_ref()
+        .filter(|l| Some(l.revision.as_str()) == stable)
+        .and_then(|l| l.template_hash.as_deref());
+    let mismatch = match (recorded, backup) {
+        (Some(r), Some(b)) => r != b,
+        _ => false,
+    };
+    if stopped_on_ds && stable.is_some() && mismatch {
+        return HandBack {
+            restore_last_good: false,
+            restore_strategy: false,
+            content: None,
+            message: format!(
+                "revision {} was stopped by its gates, but the last good backup (revision {}) does not hold the template the operator wrote (BackupMismatch: content hash {}, recorded {}): nothing was written, and the DaemonSet stays OnDelete over revision {0}; restore the template by hand",
+                current.unwrap_or_default(),
+                stable.unwrap_or_default(),
+                backup.unwrap_or_default(),
+                recorded.unwrap_or_default(),
+            ),
+        };
+    }
     let restore_last_good = stopped_on_ds && stable.is_some();
     let keep_on_delete = stopped.is_some() && (agents_on_stopped || current == stopped);
     let mut message = match (restore_last_good, current) {
@@ -76,6 +110,9 @@ pub fn hand_back(
     HandBack {
         restore_last_good,
         restore_strategy: !keep_on_delete,
+        content: restore_last_good
+            .then(|| recorded.or(backup).map(str::to_string))
+            .flatten(),
         message,
     }
 }
@@ -86,6 +123,8 @@ mod tests {
     use saferollout_api::{BlockedRevision, OnFailure, StoppedRollout};
 
     use super::*;
+
+    const GOOD: &str = "sha256:good";
 
     fn status(stopped: Option<OnFailure>, blocked: &[&str]) -> SafeRolloutStatus {
         SafeRolloutStatus {
@@ -115,7 +154,13 @@ mod tests {
     #[test]
     fn a_halted_or_quarantined_release_is_replaced_by_the_last_good_and_nothing_rolls() {
         for policy in [OnFailure::Halt, OnFailure::Quarantine] {
-            let h = hand_back(&status(Some(policy), &["bad"]), Some("bad"), true, None);
+            let h = hand_back(
+                &status(Some(policy), &["bad"]),
+                Some("bad"),
+                true,
+                None,
+                Some(GOOD),
+            );
             assert!(h.restore_last_good, "{policy:?}");
             assert!(!h.restore_strategy, "{policy:?}: OnDelete stays");
             assert!(h.message.contains("stays OnDelete"), "{}", h.message);
@@ -125,16 +170,28 @@ mod tests {
     #[test]
     fn a_revert_under_way_is_finished_towards_the_last_good() {
         // The restore has not landed: write it, then hand the strategy back.
-        let h = hand_back(&status(None, &["bad"]), Some("bad"), false, None);
+        let h = hand_back(
+            &status(None, &["bad"]),
+            Some("bad"),
+            false,
+            None,
+            Some(GOOD),
+        );
         assert!(h.restore_last_good && h.restore_strategy, "{h:?}");
         // It landed: nothing to write.
-        let h = hand_back(&status(None, &["bad"]), Some("good"), false, None);
+        let h = hand_back(
+            &status(None, &["bad"]),
+            Some("good"),
+            false,
+            None,
+            Some(GOOD),
+        );
         assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
     }
 
     #[test]
     fn a_rollout_in_progress_or_done_is_handed_back_as_before() {
-        let h = hand_back(&status(None, &[]), Some("new"), false, None);
+        let h = hand_back(&status(None, &[]), Some("new"), false, None, Some(GOOD));
         assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
         // A stopped revision no agent runs any more, the DaemonSet moved on.
         let h = hand_back(
@@ -142,6 +199,7 @@ mod tests {
             Some("fix"),
             false,
             None,
+            Some(GOOD),
         );
         assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
         // One still runs it: nothing is replaced.
@@ -150,6 +208,7 @@ mod tests {
             Some("fix"),
             true,
             None,
+            Some(GOOD),
         );
         assert!(!h.restore_last_good && !h.restore_strategy, "{h:?}");
     }
@@ -161,6 +220,7 @@ mod tests {
             Some("bad"),
             true,
             Some(ON_DELETE_KEEP_TEMPLATE),
+            Some(GOOD),
         );
         assert!(!h.restore_last_good && h.restore_strategy, "{h:?}");
     }
@@ -169,7 +229,34 @@ mod tests {
     fn without_a_last_good_nothing_is_written_and_nothing_rolls() {
         let mut st = status(Some(OnFailure::Halt), &["bad"]);
         st.stable_revision = None;
-        let h = hand_back(&st, Some("bad"), true, None);
+        let h = hand_back(&st, Some("bad"), true, None, Some(GOOD));
+        assert!(!h.restore_last_good && !h.restore_strategy, "{h:?}");
+    }
+
+    #[test]
+    fn a_backup_with_other_content_is_never_written_and_nothing_rolls() {
+        let mut st = status(Some(OnFailure::Halt), &["bad"]);
+        st.last_good_template = Some(saferollout_api::LastGoodTemplate {
+            controller_revision: "plugin-last-good-good".into(),
+            revision: "good".into(),
+            template_hash: Some(GOOD.into()),
+        });
+        let h = hand_back(&st, Some("bad"), true, None, Some(GOOD));
+        assert!(
+            h.restore_last_good && h.content.as_deref() == Some(GOOD),
+            "{h:?}"
+        );
+        let h = hand_back(&st, Some("bad"), true, None, Some("sha256:planted"));
+        assert!(!h.restore_last_good && !h.restore_strategy, "{h:?}");
+        assert!(h.message.contains("BackupMismatch"), "{}", h.message);
+        // A revert under way over a blocked revision: the same.
+        let mut st = status(None, &["bad"]);
+        st.last_good_template = Some(saferollout_api::LastGoodTemplate {
+            controller_revision: "plugin-last-good-good".into(),
+            revision: "good".into(),
+            template_hash: Some(GOOD.into()),
+        });
+        let h = hand_back(&st, Some("bad"), false, None, Some("sha256:planted"));
         assert!(!h.restore_last_good && !h.restore_strategy, "{h:?}");
     }
 }

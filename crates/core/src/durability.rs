@@ -488,7 +488,14 @@ mod tests {
             StatusWrite::Now
         );
         assert_eq!(
-            when_to_write(&old, &new, &[Action::RestoreLastGood], recent),
+            when_to_write(
+                &old,
+                &new,
+                &[Action::RestoreLastGood {
+                    content: String::new()
+                }],
+                recent
+            ),
             StatusWrite::Now
         );
     }
@@ -545,7 +552,9 @@ mod tests {
         assert!(!status_may_go_behind(
             &old,
             &old,
-            &[Action::RestoreLastGood]
+            &[Action::RestoreLastGood {
+                content: String::new()
+            }]
         ));
         assert!(!status_may_go_behind(
             &old,

@@ -66,38 +66,58 @@ pub fn current_revision<'a>(
         .map(|r| r.hash)
 }
 
+/// A JSON value as text with object keys sorted at every level: equal
+/// values (whatever their key order or spacing) give equal text.
+fn canonical(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut keys: Vec<_> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for k in keys {
+                out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                out.push(':');
+                canonical(&m[k], out);
+                out.push(',');
+            }
+            out.push('}');
+        }
+        serde_json::Value::Array(a) => {
+            out.push('[');
+            for x in a {
+                canonical(x, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 /// A stable short hash of a JSON value (object keys sorted at every level):
 /// the identity of a `spec.template`.
 pub fn template_hash(value: &serde_json::Value) -> String {
-    fn canonical(v: &serde_json::Value, out: &mut String) {
-        match v {
-            serde_json::Value::Object(m) => {
-                let mut keys: Vec<_> = m.keys().collect();
-                keys.sort();
-                out.push('{');
-                for k in keys {
-                    out.push_str(&serde_json::to_string(k).unwrap_or_default());
-                    out.push(':');
-                    canonical(&m[k], out);
-                    out.push(',');
-                }
-                out.push('}');
-            }
-            serde_json::Value::Array(a) => {
-                out.push('[');
-                for x in a {
-                    canonical(x, out);
-                    out.push(',');
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
     let mut s = String::new();
     canonical(value, &mut s);
     let digest = Sha256::digest(s.as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The content hash of a template a last-good backup holds: `sha256:` and
+/// the whole digest of its canonical JSON (not cut short like
+/// [`template_hash`]: a backup planted by someone else must not be made to
+/// match the operator's).
+pub fn content_hash(value: &serde_json::Value) -> String {
+    let mut s = String::new();
+    canonical(value, &mut s);
+    let digest = Sha256::digest(s.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// The template a last-good backup ControllerRevision holds (`data.template`).
+pub fn backup_template_json(cr: &ControllerRevision) -> Option<&serde_json::Value> {
+    cr.data.0.get("template")
 }
 
 #[cfg(test)]

@@ -11,12 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use saferollout_api::{Phase, SafeRollout, SafeRolloutStatus};
+use saferollout_api::{
+    BACKUP_REVISION_LABEL, Phase, REVISION_HASH_LABEL, SafeRollout, SafeRolloutStatus,
+};
 use saferollout_testkit::{TestNamespace, cluster, repo_root, wait_for_all, wait_for_object};
 use serde_json::json;
 
@@ -450,6 +452,151 @@ async fn broken_release_is_reverted_at_the_canary() -> anyhow::Result<()> {
     assert!(ev.iter().any(
         |e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("GateFailed")
     ));
+    Ok(())
+}
+
+/// Whoever creates `<name>-last-good-<revision>` first, owned by the
+/// SafeRollout, decides what a revert writes. One created in advance with
+/// another template (the operator stopped meanwhile, so it is first for
+/// sure) is refused: the operator's own write meets it (409), status
+/// records the content the operator meant, and the rollout stops with
+/// Ready=False, reason BackupMismatch, naming it, and a Warning Event. A
+/// broken release is then neither rolled nor reverted to that content; once
+/// the planted backup is deleted, the operator records its own, and the
+/// broken release is reverted to the real v1. The DaemonSet never carries
+/// the planted template.
+#[tokio::test]
+async fn a_last_good_backup_planted_in_advance_is_refused_and_never_restored() -> anyhow::Result<()>
+{
+    let mut env = setup("planted").await?;
+    env.op.kill();
+    let (v1, planted, bad) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v0-planted",
+        "registry.example/plugin:v2-broken",
+    );
+    create_plugin_daemonset(&env, v1).await?;
+    let crs: Api<ControllerRevision> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let revs = wait_for_all(&crs, watcher::Config::default(), TIMEOUT, |rs| {
+        rs.iter()
+            .any(|r| r.labels().contains_key(REVISION_HASH_LABEL))
+    })
+    .await?;
+    let revision = revs
+        .iter()
+        .find_map(|r| r.labels().get(REVISION_HASH_LABEL).cloned())
+        .expect("the DaemonSet's revision");
+    create_rollout(&env, default_spec(&env, v1)).await?;
+    let sr = srs(&env).get("plugin").await?;
+    let name = format!("plugin-last-good-{revision}");
+    let planted_template = agent_template(&env, planted);
+    let cr: ControllerRevision = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "ControllerRevision",
+        "metadata": {
+            "name": name,
+            "labels": {BACKUP_REVISION_LABEL: revision},
+            "ownerReferences": [{
+                "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
+                "name": "plugin", "uid": sr.uid().unwrap(), "controller": true,
+            }],
+        },
+        "data": {"template": planted_template, "daemonSet": "plugin"},
+        "revision": 1,
+    }))?;
+    crs.create(&PostParams::default(), &cr).await?;
+    let planted_hash = saferollout_core::revision::content_hash(&planted_template);
+
+    // Every image the DaemonSet's template ever names, from now on.
+    let images = Arc::new(Mutex::new(BTreeSet::new()));
+    let seen = images.clone();
+    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let watch = tokio::spawn(async move {
+        let mut ds_events = watcher(dss, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(ds)) = ds_events.next().await {
+            for c in ds.spec.template.spec.iter().flat_map(|s| &s.containers) {
+                seen.lock()
+                    .unwrap()
+                    .insert(c.image.clone().unwrap_or_default());
+            }
+        }
+    });
+
+    env.op = start_operator(&env.ns.name)?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        condition(st, "Ready").is_some_and(|c| c.reason == "BackupMismatch")
+    })
+    .await?;
+    let ready = condition(&st, "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready.message.contains(&name) && ready.message.contains(&planted_hash),
+        "{}",
+        ready.message
+    );
+    assert!(condition(&st, "Stalled").is_some_and(|c| c.status == "True"));
+    let recorded = st
+        .last_good_template
+        .clone()
+        .expect("recorded before the write");
+    assert_eq!(recorded.controller_revision, name);
+    let recorded_hash = recorded.template_hash.expect("the content hash");
+    assert!(recorded_hash.starts_with("sha256:") && recorded_hash != planted_hash);
+    let ev = support::wait_events(&env.client, &env.ns.name, "BackupMismatch").await?;
+    assert!(
+        ev.iter().any(|e| e.type_.as_deref() == Some("Warning")
+            && e.message.as_deref().unwrap_or_default().contains(&name)),
+        "{ev:#?}"
+    );
+
+    // A broken release: neither rolled nor reverted while the backup is not ours.
+    set_template_image(&env, bad).await?;
+    let generation = srs(&env).get("plugin").await?.metadata.generation;
+    let st = wait_status(&env, TIMEOUT, |st| st.observed_generation == generation).await?;
+    assert_eq!(condition(&st, "Ready").unwrap().reason, "BackupMismatch");
+    assert_eq!(st.target_revision, None, "{st:#?}");
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let live = pods
+        .list(&kube::api::ListParams::default().labels("app=plugin"))
+        .await?;
+    assert!(
+        live.items.iter().all(|p| image_of(p) == v1),
+        "no pod replaced"
+    );
+
+    // The planted backup deleted: the operator records its own, rolls the
+    // broken release and reverts it to the real v1.
+    crs.delete(&name, &Default::default()).await?;
+    let st = wait_status(&env, TIMEOUT, |st| !st.blocked_revisions.is_empty()).await?;
+    assert_eq!(
+        st.last_good_template
+            .as_ref()
+            .and_then(|l| l.template_hash.as_deref()),
+        Some(recorded_hash.as_str())
+    );
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v1 && pod_ready(p))
+    })
+    .await?;
+    let backup = crs.get(&name).await?;
+    assert_eq!(
+        backup
+            .data
+            .0
+            .get("template")
+            .map(saferollout_core::revision::content_hash),
+        Some(recorded_hash)
+    );
+    watch.abort();
+    let images = images.lock().unwrap().clone();
+    assert!(
+        !images.contains(planted),
+        "the DaemonSet carried {images:?}"
+    );
+    assert!(images.contains(bad) && images.contains(v1), "{images:?}");
+    // Nodes are shared with the next tests.
+    wait_unlabelled(&env).await?;
     Ok(())
 }
 

@@ -637,6 +637,84 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
     Ok(())
 }
 
+/// The logs gate reads each agent's log to the end, 1 MiB a read, each
+/// read going on where the last stopped: an agent that prints more than
+/// 2 MiB of routine lines and then a fatal line (inside the window) fails
+/// the gate naming that line. (Before, the gate read the first 1 MiB only
+/// and passed.)
+#[tokio::test]
+async fn a_fatal_line_after_2_mib_of_noise_fails_the_logs_gate() -> anyhow::Result<()> {
+    let env = setup("noisylog").await?;
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        spec(&env, V1, json!({})),
+    )
+    .await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    let noisy = "registry.example/plugin:v2-noisyfatal";
+    roll(
+        &env,
+        noisy,
+        json!({"logs": {"window": "60s", "interval": "2s"}}),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let img = noisy.to_string();
+    let ready = wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=plugin"),
+        TIMEOUT,
+        move |ps| ps.iter().any(|p| image_of(p) == img && pod_ready(p)),
+    )
+    .await?;
+    let fault = Instant::now();
+    let canary = ready
+        .iter()
+        .find(|p| image_of(p) == noisy)
+        .expect("the noisy agent")
+        .name_any();
+    // Through the API server, as the operator reads it: the fatal line lies
+    // past 2 MiB of the log (the fixture writes the log beside the pod's
+    // status, so it is polled for, with a deadline).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let offset = loop {
+        let log = pods.logs(&canary, &Default::default()).await?;
+        if let Some(offset) = log.find("Failed to initialize NVML") {
+            break offset;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no fatal line in the log of {canary}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(offset > 2 << 20, "the fatal line is at byte {offset}");
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        !st.blocked_revisions.is_empty()
+    })
+    .await?;
+    eprintln!(
+        "MEASURE logs gate, fatal line at byte {offset}: fault (bad agent Ready on the canary) -> revert decision: {:?}",
+        fault.elapsed()
+    );
+    let g = failed_gate(&st, "logs");
+    assert_eq!(g.reason, "FatalLogLine", "{g:?}");
+    assert!(
+        g.message.contains("Failed to initialize NVML") && g.message.contains(&canary),
+        "{}",
+        g.message
+    );
+    assert_eq!(
+        g.node.as_deref(),
+        st.stages[0].nodes.first().map(String::as_str)
+    );
+    assert_eq!(condition(&st, "Degraded").unwrap().reason, "LogsFailed");
+    wait_gate_failures(&env, "logs", 1.0).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured()
 -> anyhow::Result<()> {

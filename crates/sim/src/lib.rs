@@ -55,6 +55,8 @@
 //!     ResourceClaims from its slice and the pods using them fail (a plugin is
 //!     healthy);
 //!   - `-fatallog`: healthy in every respect but logs a fatal line.
+//!   - `-noisyfatal`: as `-fatallog`, but the fatal line comes after more
+//!     than 2 MiB of routine lines.
 //!
 //!   Anything else is healthy (Ready, advertises the physical count).
 //!

@@ -4,8 +4,11 @@
 //! NVML` serves nothing, whatever its readiness says.
 //!
 //! The runtime reads each such pod's log (`pods/log`) every `interval` while
-//! its window is open and once after it closed, and scans it with [`scan`]
-//! (pure, here); the gate judges the scan results:
+//! its window is open and once after it closed, each read going on from
+//! where the last one stopped and scanning at most 1 MiB of new lines
+//! ([`super::log_reader`], pure, here: a read that stops at its bound is
+//! followed at once by the next, so every line of the window is scanned,
+//! whatever its offset); the gate judges the scan results:
 //! - a match fails the gate at once on that node (no soak: a fatal line does
 //!   not heal), naming the pattern and the line (truncated, secrets masked);
 //! - a node passes once its log was read clean after its window closed;
@@ -251,18 +254,19 @@ impl Patterns {
 
     /// The first line of `text` (in log order) that matches a pattern.
     pub fn scan(&self, text: &str) -> Option<LogMatch> {
-        for line in text.lines() {
-            if let Some((pattern, origin, _)) =
-                self.list.iter().find(|(_, _, re)| re.is_match(line))
-            {
-                return Some(LogMatch {
-                    pattern: pattern.clone(),
-                    origin: origin.clone(),
-                    line: clean_line(line),
-                });
-            }
-        }
-        None
+        text.lines().find_map(|line| self.match_line(line))
+    }
+
+    /// `line` if it matches a pattern (the first that matches).
+    pub fn match_line(&self, line: &str) -> Option<LogMatch> {
+        self.list
+            .iter()
+            .find(|(_, _, re)| re.is_match(line))
+            .map(|(pattern, origin, _)| LogMatch {
+                pattern: pattern.clone(),
+                origin: origin.clone(),
+                line: clean_line(line),
+            })
     }
 }
 
@@ -325,6 +329,11 @@ pub fn evaluate(gate: &LogsGate, snap: &Snapshot) -> Verdict {
                     (LogRead::Matched(m), _) => NodeState::Matched(o.pod.clone(), m.clone()),
                     (_, None) => NodeState::Awaiting,
                     (LogRead::Unread, Some(_)) => NodeState::Watching,
+                    (LogRead::Behind { .. }, Some(_)) => {
+                        // More to read: the next read goes on at once.
+                        recheck = Some(Duration::ZERO);
+                        NodeState::Watching
+                    }
                     (LogRead::Clean { at }, Some(end)) if *at >= end => NodeState::Clean,
                     (LogRead::Clean { .. }, Some(end)) => {
                         let left = super::elapsed(snap.now, end);

@@ -18,6 +18,7 @@ pub mod claims;
 pub mod device_health;
 pub mod device_taints;
 pub mod evidence;
+pub mod log_reader;
 pub mod logs;
 pub mod pods_ready;
 pub mod probe;

@@ -61,8 +61,13 @@ pub struct LogObservation {
 pub enum LogRead {
     /// Not read yet.
     Unread,
-    /// Read at `at`; no line matched.
+    /// Read at `at` to the end of the log (or of the window); no line
+    /// matched.
     Clean { at: Timestamp },
+    /// Read at `at`, no line matched so far, but the read stopped at its
+    /// size bound (or found the log rotated): the next read goes on at once
+    /// (see [`super::log_reader`]).
+    Behind { at: Timestamp },
     /// A line matched (see [`super::logs::scan`]).
     Matched(super::logs::LogMatch),
     /// The last read failed; earlier reads (if any) were clean up to `clean_at`.

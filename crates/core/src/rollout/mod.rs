@@ -100,8 +100,16 @@ pub struct Observed<'a> {
     pub daemonset: Option<&'a DaemonSetView<'a>>,
     /// `None` in DaemonSet-edit mode.
     pub spec_template: Option<SpecTemplate<'a>>,
-    /// The revision our last-good backup holds, if the backup exists.
-    pub backup_revision: Option<&'a str>,
+    /// This SafeRollout's name (its backups are named after it).
+    pub name: &'a str,
+    /// Our last-good backup of the stable revision as status names it
+    /// (`<name>-last-good-<revision>`, owned by this SafeRollout), if it
+    /// exists.
+    pub backup: Option<BackupView<'a>>,
+    /// The content hash ([`crate::revision::content_hash`]) of the template
+    /// of each revision the DaemonSet has a ControllerRevision for, by
+    /// revision: what a backup of that revision must hold.
+    pub revision_contents: &'a BTreeMap<String, String>,
     /// The DaemonSet's agent pods, by node.
     pub pods: &'a PodsByNode<'a>,
     /// Every node of the cluster, by name.
@@ -113,6 +121,21 @@ pub struct Observed<'a> {
     /// What the operator's administrator lets SafeRollouts ask for.
     pub limits: &'a crate::limits::AdminLimits,
     pub now: Timestamp,
+}
+
+/// A last-good backup ControllerRevision as found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupView<'a> {
+    pub name: &'a str,
+    /// The revision its label says it holds.
+    pub revision: &'a str,
+    /// The content hash of the template it holds (`None`: it holds none).
+    pub content: Option<&'a str>,
+}
+
+/// The name of the last-good backup of `revision` for SafeRollout `name`.
+pub fn backup_name(name: &str, revision: &str) -> String {
+    format!("{name}-last-good-{revision}")
 }
 
 /// A pod to delete; the UID is a precondition of the delete, so a pod the
@@ -146,12 +169,17 @@ impl PodRef {
 pub enum Action {
     /// Set the DaemonSet's update strategy to OnDelete.
     TakeOverUpdates,
-    /// Copy the DaemonSet's template of `revision` into the last-good backup.
+    /// Copy the DaemonSet's template of `revision` into the last-good backup
+    /// (its content hash is in `status.lastGoodTemplate` already). A backup
+    /// that exists already under that name counts only if it holds that
+    /// content.
     BackupTemplate { revision: String },
     /// Write `spec.template` to the DaemonSet.
     ApplySpecTemplate,
-    /// Write the last-good backup's template back to the DaemonSet.
-    RestoreLastGood,
+    /// Write the last-good backup's template back to the DaemonSet, only if
+    /// it still hashes to `content` (what status recorded and this pass
+    /// verified).
+    RestoreLastGood { content: String },
     /// Label nodes as taken by `stage`.
     LabelNodes { nodes: Vec<String>, stage: usize },
     /// Remove this rollout's labels from these nodes.
@@ -406,8 +434,18 @@ fn take_over(
     false
 }
 
-/// The stable revision, once its template is backed up; `None` (after asking
-/// for the backup, or reporting that none can exist) until then.
+/// The stable revision, once its template is backed up and the backup
+/// verified; `None` (after asking for the backup, or reporting that none
+/// can exist or that the one there is not ours) until then.
+///
+/// Whoever creates `<name>-last-good-<revision>` first, owned by this
+/// SafeRollout, decides what a revert writes; so the content hash of what
+/// the operator writes there is recorded in status
+/// (`lastGoodTemplate.templateHash`) with the pass that asks for the backup,
+/// before the write, and a backup is used only while it hashes to that. A
+/// backup with other content stops everything (`BackupMismatch`, naming it,
+/// with a Warning Event): neither rolling on nor reverting to content the
+/// operator did not write. Deleting it lets the operator record it again.
 fn ensure_backup(
     o: &Observed,
     st: &mut SafeRolloutStatus,
@@ -419,11 +457,83 @@ fn ensure_backup(
         .stable_revision
         .get_or_insert_with(|| adopt_stable(o.pods, current))
         .clone();
-    if o.backup_revision == Some(stable.as_str()) {
-        return Some(stable);
+    let name = backup_name(o.name, &stable);
+    let recorded = st
+        .last_good_template
+        .as_ref()
+        .filter(|l| l.revision == stable)
+        .and_then(|l| l.template_hash.clone());
+    // What the DaemonSet's own ControllerRevision of the stable revision holds.
+    let intended = o.revision_contents.get(&stable).cloned();
+    let record = |st: &mut SafeRolloutStatus, hash: String| {
+        st.last_good_template = Some(saferollout_api::LastGoodTemplate {
+            controller_revision: name.clone(),
+            revision: stable.clone(),
+            template_hash: Some(hash),
+        });
+    };
+    if let Some(backup) = o.backup.filter(|b| b.revision == stable) {
+        // Status records what the operator wrote; a status written before
+        // the hash existed records nothing, and then the backup is checked
+        // against the DaemonSet's own revision while it has it. When the
+        // DaemonSet no longer has it, the backup is the only copy: refusing
+        // it would strand a rollout (or a revert) an older operator started,
+        // so its hash is recorded as found (trust on first use, the trust an
+        // older operator gave it), and from then on it may not change.
+        let expected = recorded.clone().or(intended);
+        let verdict = match (expected, backup.content) {
+            (Some(e), Some(c)) if e == c => Ok((e, false)),
+            (None, Some(c)) => Ok((c.to_string(), true)),
+            (Some(e), found) => Err(format!(
+                "ControllerRevision {} holds a template with content hash {}, not {e}, the one the operator wrote",
+                backup.name,
+                found.unwrap_or("(none)")
+            )),
+            (None, None) => Err(format!(
+                "ControllerRevision {} holds no template",
+                backup.name
+            )),
+        };
+        return match verdict {
+            Ok((hash, adopted)) => {
+                if recorded.as_deref() != Some(hash.as_str()) {
+                    if adopted {
+                        phase::event(
+                            actions,
+                            false,
+                            "BackupAdopted",
+                            format!(
+                                "recorded the content hash {hash} of ControllerRevision {} as found: the status, written by an older operator, recorded none, and the DaemonSet no longer has revision {stable} to check it against",
+                                backup.name
+                            ),
+                        );
+                    }
+                    record(st, hash);
+                }
+                Some(stable)
+            }
+            Err(why) => {
+                backup_mismatch(o, st, actions, &why);
+                None
+            }
+        };
     }
-    if ds.knows(&stable) {
-        // Nothing changes before the last good template is recorded.
+    if let Some(intended) = o
+        .revision_contents
+        .get(&stable)
+        .filter(|_| ds.knows(&stable))
+    {
+        // Nothing changes before the last good template is recorded; what it
+        // must hold is recorded first.
+        if recorded.as_ref().is_some_and(|r| r != intended) {
+            let why = format!(
+                "the DaemonSet's revision {stable} now holds a template with content hash {intended}, not {}, the one the operator backed up",
+                recorded.as_deref().unwrap_or_default()
+            );
+            backup_mismatch(o, st, actions, &why);
+            return None;
+        }
+        record(st, intended.clone());
         actions.push(Action::BackupTemplate {
             revision: stable.clone(),
         });
@@ -445,6 +555,40 @@ fn ensure_backup(
         ),
     );
     None
+}
+
+/// `BackupMismatch`: the last-good backup is not what the operator wrote.
+/// Nothing changes (no rollout goes on, no revert writes it) until a person
+/// deletes it (the operator then records it again) or it matches again.
+fn backup_mismatch(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, why: &str) {
+    let first = st
+        .condition(crate::conditions::READY)
+        .is_none_or(|c| c.reason != "BackupMismatch");
+    let message = format!(
+        "the last good backup is not the one the operator wrote: {why}; nothing changes (no rollout, no revert) until it is deleted, after which the operator records it again"
+    );
+    if first {
+        phase::event(actions, true, "BackupMismatch", message.clone());
+    }
+    phase::stalled(
+        st,
+        o,
+        saferollout_api::Phase::Failed,
+        "BackupMismatch",
+        message,
+    );
+}
+
+/// The revert's write of the last good template, verified by
+/// [`ensure_backup`] in this pass (its content hash is in status).
+fn restore_last_good(st: &SafeRolloutStatus) -> Action {
+    Action::RestoreLastGood {
+        content: st
+            .last_good_template
+            .as_ref()
+            .and_then(|l| l.template_hash.clone())
+            .unwrap_or_default(),
+    }
 }
 
 /// The revision most live agent pods run: the stable one when first adopting a DaemonSet.
@@ -507,7 +651,7 @@ fn restore_blocked(
     current: &str,
     stable: &str,
 ) {
-    actions.push(Action::RestoreLastGood);
+    actions.push(restore_last_good(st));
     if st.target_revision.as_deref() == Some(current) {
         // The revert under way: its phase stands while the restore lands.
         phase::keep_working(

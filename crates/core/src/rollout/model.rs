@@ -27,7 +27,7 @@ use saferollout_api::{
     StageState, ZONE_LABEL,
 };
 
-use super::{Action, Decision, Observed, Requests, SpecTemplate, decide};
+use super::{Action, BackupView, Decision, Observed, Requests, SpecTemplate, decide};
 use crate::eligibility::eligibility;
 use crate::expectations::Expectations;
 use crate::views::{
@@ -180,8 +180,17 @@ pub struct Cluster {
     /// Probe pods by name.
     pub probes: BTreeMap<String, MProbe>,
     pub ds: MDaemonSet,
-    /// The revision the last-good backup holds.
+    /// The revision the last-good backup holds (by its name and label).
     pub backup: Option<String>,
+    /// The content hash of the template it holds: the revision's own
+    /// ([`content_of`]) when the operator wrote it, anything when someone
+    /// else created it first.
+    pub backup_content: Option<String>,
+}
+
+/// The content hash of revision `revision`'s template, in the model.
+pub fn content_of(revision: &str) -> String {
+    format!("sha256:{revision}")
 }
 
 /// How many seconds behind the cluster each cache is for the next pass.
@@ -286,6 +295,7 @@ impl Model {
                     revisions: BTreeMap::from([("v1".to_string(), 1)]),
                 },
                 backup: None,
+                backup_content: None,
             },
             history: Vec::new(),
             shown: [0; 3],
@@ -814,6 +824,13 @@ impl Model {
             ..Default::default()
         };
         let evidence = crate::gates::Evidence::default().with_proof(&proof);
+        let contents: BTreeMap<String, String> = ds_c
+            .ds
+            .revisions
+            .keys()
+            .map(|r| (r.clone(), content_of(r)))
+            .collect();
+        let backup_name = super::backup_name("plugin", ds_c.backup.as_deref().unwrap_or_default());
         let o = Observed {
             spec: &self.spec,
             generation: Some(1),
@@ -827,7 +844,18 @@ impl Model {
             preflight: None,
             daemonset: Some(&ds),
             spec_template,
-            backup_revision: ds_c.backup.as_deref(),
+            name: "plugin",
+            // As the operator finds it: by the name of status's stable revision.
+            backup: ds_c
+                .backup
+                .as_deref()
+                .filter(|b| self.status.stable_revision.as_deref() == Some(*b))
+                .map(|revision| BackupView {
+                    name: &backup_name,
+                    revision,
+                    content: ds_c.backup_content.as_deref(),
+                }),
+            revision_contents: &contents,
             pods: &pods,
             nodes: &node_views,
             rollout_id: ROLLOUT_ID,
@@ -864,11 +892,20 @@ impl Model {
                     }
                 }
             }
-            Action::RestoreLastGood => {
+            Action::RestoreLastGood { content } => {
                 let Some(backup) = self.cluster.backup.clone() else {
                     self.violations.push("restore without a backup".into());
                     return;
                 };
+                if *content != content_of(&backup) {
+                    self.violations.push(format!(
+                        "a revert asked to write {content}, not what the operator backed up of {backup}"
+                    ));
+                }
+                // As the operator does: only a backup holding that content is written.
+                if self.cluster.backup_content.as_deref() != Some(content.as_str()) {
+                    return;
+                }
                 if guarded(ds) && ds.template != backup {
                     ds.template = backup;
                     ds.generation += 1;
@@ -876,8 +913,12 @@ impl Model {
                 }
             }
             Action::BackupTemplate { revision } => {
-                if ds.revisions.contains_key(revision) {
+                // One that exists already (409) is kept, whatever it holds.
+                if ds.revisions.contains_key(revision)
+                    && self.cluster.backup.as_ref() != Some(revision)
+                {
                     self.cluster.backup = Some(revision.clone());
+                    self.cluster.backup_content = Some(content_of(revision));
                 }
             }
             // As the operator does: queued (and remembered) now, written by
@@ -1048,7 +1089,7 @@ impl Model {
                 if matches!(
                     a,
                     Action::DeletePods { .. }
-                        | Action::RestoreLastGood
+                        | Action::RestoreLastGood { .. }
                         | Action::LabelNodes { .. }
                         | Action::UnlabelNodes { .. }
                 ) {
@@ -1356,7 +1397,7 @@ impl Model {
             c.ds.observed_generation,
             c.ds.revisions,
             pods,
-            (nodes, &c.backup),
+            (nodes, &c.backup, &c.backup_content),
             c.probes
         )
     }

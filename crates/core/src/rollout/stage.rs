@@ -637,7 +637,7 @@ fn fail_stage(
         o.spec.on_failure
     };
     match policy {
-        OnFailure::Revert => actions.push(Action::RestoreLastGood),
+        OnFailure::Revert => actions.push(super::restore_last_good(st)),
         OnFailure::Quarantine | OnFailure::Halt => {
             let nodes = st.stages[stage_pos].failed_nodes.clone();
             devices::stop(o, st, actions, target, policy, message, nodes);

@@ -1144,7 +1144,9 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         preflight: None,
         daemonset: None,
         spec_template: None,
-        backup_revision: None,
+        name: "plugin",
+        backup: None,
+        revision_contents: &BTreeMap::new(),
         pods: &pods,
         nodes: &nodes,
         rollout_id: "ns.plugin",
@@ -1331,7 +1333,11 @@ fn halt_changes_nothing_more() {
         "an Event says so"
     );
     assert_eq!(m.cluster.ds.template, "v2", "the template is not restored");
-    assert!(!m.actions_log.contains(&Action::RestoreLastGood));
+    assert!(
+        !m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::RestoreLastGood { .. }))
+    );
     let labelled: Vec<String> = m.labelled().into_iter().cloned().collect();
     assert_eq!(labelled.len(), 1, "the canary keeps its labels");
     let pods: Vec<(String, String)> = m
@@ -1423,7 +1429,11 @@ fn quarantine_at_a_later_stage_keeps_the_budget() {
     }
     // Nodes that got the release keep it; no revert happened.
     assert!(m.pods_on("v2") >= 2, "{}", m.pods_on("v2"));
-    assert!(!m.actions_log.contains(&Action::RestoreLastGood));
+    assert!(
+        !m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::RestoreLastGood { .. }))
+    );
     no_violations(&m);
 }
 
@@ -1446,5 +1456,136 @@ fn a_healthy_release_passes_its_probes_one_per_canary_node_and_a_sample_later() 
     // Canary: both nodes; the second stage's 4 nodes: a sample of 1.
     assert_eq!(created, 3, "{:?}", m.actions_log);
     assert!(m.cluster.probes.is_empty(), "{:?}", m.cluster.probes);
+    no_violations(&m);
+}
+
+fn ready_reason(m: &Model) -> String {
+    conditions::get(&m.status.conditions, conditions::READY)
+        .map(|c| c.reason.clone())
+        .unwrap_or_default()
+}
+
+fn events(m: &Model, reason: &str) -> usize {
+    m.actions_log
+        .iter()
+        .filter(|a| matches!(a, Action::Event { reason: r, .. } if r == reason))
+        .count()
+}
+
+/// Someone created `<name>-last-good-v1`, owned by the SafeRollout, with
+/// other content before the operator could: the operator's own write meets
+/// it (409), status records what it meant to write, and everything stops
+/// (`BackupMismatch`, one Warning Event) instead of rolling on, and nothing
+/// is ever restored from it. Once it is deleted, the operator records the
+/// backup itself and a failing release is reverted to the real v1.
+#[test]
+fn a_backup_someone_else_created_first_stops_everything_and_is_never_restored() {
+    let mut m = Model::new(4);
+    m.cluster.backup = Some("v1".into());
+    m.cluster.backup_content = Some("sha256:planted".into());
+    m.run(30);
+    assert_eq!(ready_reason(&m), "BackupMismatch", "{:#?}", m.status);
+    assert_eq!(m.status.phase, Some(Phase::Failed));
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert!(
+        ready.message.contains("sha256:planted"),
+        "{}",
+        ready.message
+    );
+    assert!(conditions::is_true(
+        &m.status.conditions,
+        conditions::STALLED
+    ));
+    assert_eq!(events(&m, "BackupMismatch"), 1, "one Warning Event");
+    let recorded = m.status.last_good_template.clone().unwrap();
+    assert_eq!(recorded.template_hash, Some(model::content_of("v1")));
+    assert_eq!(recorded.controller_revision, "plugin-last-good-v1");
+
+    // A failing release written meanwhile is neither rolled nor reverted.
+    m.write_revision("v2", Release::Crashloop);
+    m.run(120);
+    assert_eq!(ready_reason(&m), "BackupMismatch");
+    assert_eq!(m.pods_on("v1"), 4, "no pod replaced");
+    assert!(!m.actions_log.iter().any(|a| matches!(
+        a,
+        Action::DeletePods { .. } | Action::RestoreLastGood { .. } | Action::LabelNodes { .. }
+    )));
+    assert_eq!(m.cluster.ds.template, "v2", "nothing written over it");
+    no_violations(&m);
+
+    // A person deletes the planted backup: the operator records its own,
+    // and v2 is rolled, fails, and is reverted to v1 as backed up.
+    m.cluster.backup = None;
+    m.cluster.backup_content = None;
+    m.run(600);
+    assert_eq!(m.cluster.backup_content, Some(model::content_of("v1")));
+    assert!(m.status.is_blocked("v2"), "{:#?}", m.status);
+    assert!(m.all_on("v1"));
+    assert_eq!(m.cluster.ds.template, "v1");
+    no_violations(&m);
+}
+
+/// The backup replaced under the operator's feet mid-rollout (deleted and
+/// created again with other content): the revert a failing gate asks for is
+/// never made from it.
+#[test]
+fn a_backup_replaced_mid_rollout_is_never_restored() {
+    let mut m = settled(4);
+    m.write_revision("v2", Release::BreaksAfter(30));
+    for _ in 0..300 {
+        if m.pods_on("v2") >= 1 {
+            break;
+        }
+        m.one_reconcile();
+    }
+    assert_eq!(m.pods_on("v2"), 1, "the canary runs v2");
+    m.cluster.backup_content = Some("sha256:planted".into());
+    m.run(300);
+    assert_eq!(ready_reason(&m), "BackupMismatch", "{:#?}", m.status);
+    assert!(
+        !m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::RestoreLastGood { .. })),
+        "no revert from a backup the operator did not write"
+    );
+    assert_eq!(m.cluster.ds.template, "v2");
+    no_violations(&m);
+}
+
+/// A status an older operator wrote records no content hash: while the
+/// DaemonSet still has the stable revision, the backup is checked against
+/// it; once it no longer has it, the backup is the only copy and its hash
+/// is recorded as found (the rollout goes on, with an Event saying so).
+#[test]
+fn an_older_operators_status_without_a_hash_keeps_working() {
+    // Checked against the DaemonSet's own revision, and recorded.
+    let mut m = settled(4);
+    let legacy = |m: &mut Model| {
+        m.status.last_good_template.as_mut().unwrap().template_hash = None;
+    };
+    legacy(&mut m);
+    m.run(5);
+    assert_eq!(
+        m.status.last_good_template.as_ref().unwrap().template_hash,
+        Some(model::content_of("v1"))
+    );
+    assert_eq!(events(&m, "BackupAdopted"), 0);
+    // A backup that does not match the DaemonSet's revision is refused.
+    let mut m = settled(4);
+    legacy(&mut m);
+    m.cluster.backup_content = Some("sha256:planted".into());
+    m.run(5);
+    assert_eq!(ready_reason(&m), "BackupMismatch");
+    // The DaemonSet no longer has the stable revision: recorded as found.
+    let mut m = settled(4);
+    legacy(&mut m);
+    m.write_revision("v2", Release::Healthy);
+    m.cluster.ds.revisions.remove("v1");
+    // (The caches show the cluster as of the last tick.)
+    m.advance();
+    m.run(600);
+    assert_eq!(events(&m, "BackupAdopted"), 1);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
     no_violations(&m);
 }

@@ -17,6 +17,8 @@ pub enum Error {
     Serde(#[from] serde_json::Error),
     #[error("the last good template is missing: {0}")]
     MissingBackup(String),
+    #[error("the last good backup is not the one the operator wrote: {0}")]
+    BackupMismatch(String),
     #[error("object has no {0}")]
     MissingField(&'static str),
     #[error("the DaemonSet's spec changed since it was read; retrying with fresh caches")]
@@ -66,6 +68,7 @@ impl Error {
             },
             Error::Serde(_) => "serde".into(),
             Error::MissingBackup(_) => "missing_backup".into(),
+            Error::BackupMismatch(_) => "backup_mismatch".into(),
             Error::MissingField(_) => "missing_field".into(),
             Error::StaleDaemonSet => "stale_daemonset".into(),
             Error::NotLeader => "not_leader".into(),

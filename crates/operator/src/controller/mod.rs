@@ -35,7 +35,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use saferollout_api::{FINALIZER, LastGoodTemplate, Phase, SafeRollout, SafeRolloutStatus};
+use saferollout_api::{FINALIZER, Phase, SafeRollout, SafeRolloutStatus};
 use saferollout_core::durability;
 use saferollout_core::expectations::Expectations;
 use saferollout_core::limits::AdminLimits;
@@ -48,7 +48,7 @@ use crate::leader::Fence;
 use crate::metrics::Metrics;
 use caches::{Caches, Cause, Triggers};
 pub use error::{Error, Result};
-use snapshot::{Extras, backup_name};
+use snapshot::Extras;
 
 /// `(namespace, name)` of a SafeRollout.
 pub type RolloutKey = (String, String);
@@ -433,17 +433,9 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         )
     });
     let decided = pass_started.elapsed();
+    // (status.lastGoodTemplate, with the content hash the backup must
+    // have, is the decision's: see saferollout_core::rollout.)
     let mut new_status = decision.status;
-    if let Some(b) = world.backup.as_ref().and_then(|b| {
-        b.labels()
-            .get(saferollout_api::BACKUP_REVISION_LABEL)
-            .cloned()
-    }) {
-        new_status.last_good_template = Some(LastGoodTemplate {
-            controller_revision: backup_name(&key.1, &b),
-            revision: b,
-        });
-    }
 
     // Status first: the plan and baselines are durable before any node is
     // touched. A pass that only deletes the next pods of a written plan (or
@@ -510,7 +502,7 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         for action in others {
             match writes::perform(sr, ctx, key, &world, template_value, action).await {
                 Ok(written) => {
-                    if let (Action::RestoreLastGood, Some(r)) = (action, &changes.rollback)
+                    if let (Action::RestoreLastGood { .. }, Some(r)) = (action, &changes.rollback)
                         && let Some(since) = r.failing_since
                     {
                         let latency = Timestamp::now().duration_since(since);
@@ -689,10 +681,14 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
             sr.annotations()
                 .get(saferollout_api::ON_DELETE_ANNOTATION)
                 .map(String::as_str),
+            world.backup_content.as_deref(),
         );
         if hand_back.restore_last_good {
             // Waited for: the strategy is handed back only over the last good template.
-            writes::perform(sr, ctx, key, &world, None, &Action::RestoreLastGood).await?;
+            let restore = Action::RestoreLastGood {
+                content: hand_back.content.clone().unwrap_or_default(),
+            };
+            writes::perform(sr, ctx, key, &world, None, &restore).await?;
         }
         if hand_back.restore_strategy {
             writes::give_back(ctx, &key.0, &sr.spec.target_ref.name, original).await?;

@@ -7,8 +7,13 @@
 //! - Agent logs are read through `pods/log` for the target pods on the
 //!   nodes status holds, each at most every `interval` while its window is
 //!   open and once after it closed, at most 4 at a time, each with a
-//!   timeout, and scanned at once with the pure patterns of
-//!   `saferollout_core::gates::logs` (only the scan result is kept).
+//!   timeout. Each read streams the log through the pure reader of
+//!   `saferollout_core::gates::log_reader`, which goes on from where the
+//!   last read stopped and scans at most 1 MiB of new lines with the
+//!   patterns of `saferollout_core::gates::logs`; a read that stops at its
+//!   bound is followed at once, so the whole window is read whatever the
+//!   log's size. Only the scan result and the position (a few numbers and
+//!   at most 4 KiB of an unfinished line) are kept per pod.
 //! - Prometheus queries run beside the passes, never in them: when one is
 //!   due (`prometheus::due`, from the tally in status, at most once per
 //!   interval per gate, one at a time) and every node the rollout holds runs
@@ -26,7 +31,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{AsyncReadExt, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -36,6 +41,7 @@ use saferollout_api::{
     FIELD_MANAGER, GateResult, LogsGate, PROBE_NODE_LABEL, PrometheusGate, SafeRollout,
     SafeRolloutStatus, SecretKeyRef,
 };
+use saferollout_core::gates::log_reader::{LogCursor, LogPass, READ_LIMIT, ReadEnd};
 use saferollout_core::gates::logs::{Patterns, window_end};
 use saferollout_core::gates::probe::{self, ProbePodParams, ProbeRequest};
 use saferollout_core::gates::prometheus;
@@ -54,16 +60,17 @@ use super::{Context, RolloutKey};
 const LOG_READS: usize = 4;
 /// Longest wait for one log read.
 const LOG_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most of an agent log read (from its start).
-const LOG_LIMIT: i64 = 1 << 20;
+/// Bytes of one read of an agent log's stream at a time.
+const LOG_CHUNK: usize = 64 << 10;
 /// Lines of a failed probe's log kept.
 const PROBE_TAIL_LINES: i64 = 5;
 
 /// What the operator remembers between passes (losing it costs a re-read).
 #[derive(Default)]
 pub struct Memory {
-    /// Per agent pod UID: what its log showed, and when it was last read.
-    logs: HashMap<String, (LogObservation, Instant)>,
+    /// Per agent pod UID: what its log showed, when it was last read, and
+    /// how far (the next read goes on from there).
+    logs: HashMap<String, LogMemory>,
     /// Per failed probe pod UID: its last log lines, cleaned.
     probe_tails: HashMap<String, String>,
     /// Per probe pod name: why creating it failed.
@@ -76,6 +83,26 @@ pub struct Memory {
     measured: HashMap<String, (String, Measurement)>,
     /// Per prometheus gate: the query task under way.
     in_flight: HashMap<String, tokio::task::JoinHandle<()>>,
+}
+
+/// What the operator remembers of one agent pod's log.
+#[derive(Clone)]
+struct LogMemory {
+    obs: LogObservation,
+    read_at: Instant,
+    cursor: LogCursor,
+    /// The patterns the cursor's lines were scanned with: other patterns
+    /// (the gate was edited) scan the log again from its start.
+    patterns: u64,
+}
+
+/// A fingerprint of the logs gate's patterns.
+fn patterns_of(gate: &LogsGate) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{:?}", gate.builtin).hash(&mut h);
+    gate.patterns.hash(&mut h);
+    h.finish()
 }
 
 impl Drop for Memory {
@@ -290,6 +317,7 @@ async fn agent_logs(
         })
         .cloned()
         .collect();
+    let fingerprint = patterns_of(gate);
     let remembered = ctx.memory(key, |m| {
         let uids: Vec<String> = pods.iter().filter_map(|p| p.uid()).collect();
         m.proof.logs.retain(|uid, _| uids.contains(uid));
@@ -300,21 +328,20 @@ async fn agent_logs(
     for pod in pods {
         let uid = pod.uid().unwrap_or_default();
         let started = started_at(&pod, gate.container.as_deref());
-        let known = remembered.get(&uid);
-        let obs = known.map(|(o, _)| o.clone()).unwrap_or(LogObservation {
-            pod: pod.name_any(),
-            started_at: started,
-            read: LogRead::Unread,
-        });
-        // A restarted container starts a new window.
-        let obs = if obs.started_at != started {
-            LogObservation {
-                started_at: started,
-                read: LogRead::Unread,
-                ..obs
-            }
-        } else {
-            obs
+        // A restarted container (a new log) or other patterns: from the start.
+        let known = remembered
+            .get(&uid)
+            .filter(|k| k.obs.started_at == started && k.patterns == fingerprint);
+        let (obs, cursor) = match known {
+            Some(k) => (k.obs.clone(), k.cursor.clone()),
+            None => (
+                LogObservation {
+                    pod: pod.name_any(),
+                    started_at: started,
+                    read: LogRead::Unread,
+                },
+                LogCursor::default(),
+            ),
         };
         let end = started.map(|s| window_end(gate, s));
         let read_after_end = |at: &Timestamp| end.is_some_and(|e| *at >= e);
@@ -322,7 +349,7 @@ async fn agent_logs(
             LogRead::Matched(_) => true,
             LogRead::Clean { at } => read_after_end(at),
             LogRead::Unreadable { clean_at, .. } => clean_at.as_ref().is_some_and(read_after_end),
-            LogRead::Unread => false,
+            LogRead::Unread | LogRead::Behind { .. } => false,
         };
         let last_at = match &obs.read {
             LogRead::Clean { at } => Some(*at),
@@ -330,50 +357,32 @@ async fn agent_logs(
         };
         let window_closed_since_read =
             end.is_some_and(|e| now >= e && last_at.is_none_or(|a| a < e));
-        let interval_passed = known.is_none_or(|(_, at)| at.elapsed() >= interval);
-        if started.is_some() && !settled && (interval_passed || window_closed_since_read) {
-            to_read.push((pod, obs));
+        // A read that stopped at its bound is followed at once.
+        let behind = matches!(obs.read, LogRead::Behind { .. });
+        let interval_passed = known.is_none_or(|k| k.read_at.elapsed() >= interval);
+        if started.is_some() && !settled && (interval_passed || behind || window_closed_since_read)
+        {
+            to_read.push((pod, obs, cursor, end));
         } else {
             out.insert(uid, obs);
         }
     }
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.0);
     let container = gate.container.clone();
-    let reads = futures::stream::iter(to_read.into_iter().map(|(pod, obs)| {
+    let reads = futures::stream::iter(to_read.into_iter().map(|(pod, obs, cursor, end)| {
         let (api, patterns, container) = (api.clone(), patterns.clone(), container.clone());
         async move {
-            let params = LogParams {
-                container: container.or_else(|| {
-                    pod.spec
-                        .as_ref()
-                        .and_then(|s| s.containers.first())
-                        .map(|c| c.name.clone())
-                }),
-                limit_bytes: Some(LOG_LIMIT),
-                ..Default::default()
-            };
-            let read = match tokio::time::timeout(LOG_TIMEOUT, api.logs(&pod.name_any(), &params)).await {
-                Ok(Ok(text)) => match patterns.scan(&text) {
-                    Some(m) => LogRead::Matched(m),
-                    None => LogRead::Clean { at: now },
-                },
-                Ok(Err(e)) => LogRead::Unreadable {
-                    error: e.to_string(),
-                    clean_at: match &obs.read {
-                        LogRead::Clean { at } => Some(*at),
-                        LogRead::Unreadable { clean_at, .. } => *clean_at,
-                        _ => None,
-                    },
-                },
-                Err(_) => LogRead::Unreadable {
-                    error: format!("reading the log timed out after {LOG_TIMEOUT:?}"),
-                    clean_at: None,
-                },
-            };
+            let container = container.or_else(|| {
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .map(|c| c.name.clone())
+            });
+            let (cursor, read) = read_log(&api, &pod.name_any(), container, &patterns, cursor, end, now, &obs.read).await;
             if let LogRead::Matched(m) = &read {
                 info!(pod = %pod.name_any(), pattern = %m.pattern, "agent log matched a fatal pattern");
             }
-            (pod.uid().unwrap_or_default(), LogObservation { read, ..obs })
+            (pod.uid().unwrap_or_default(), LogObservation { read, ..obs }, cursor)
         }
     }))
     .buffer_unordered(LOG_READS)
@@ -381,12 +390,86 @@ async fn agent_logs(
     .await;
     let read_now = Instant::now();
     ctx.memory(key, |m| {
-        for (uid, obs) in &reads {
-            m.proof.logs.insert(uid.clone(), (obs.clone(), read_now));
+        for (uid, obs, cursor) in &reads {
+            m.proof.logs.insert(
+                uid.clone(),
+                LogMemory {
+                    obs: obs.clone(),
+                    read_at: read_now,
+                    cursor: cursor.clone(),
+                    patterns: fingerprint,
+                },
+            );
         }
     });
-    out.extend(reads);
+    out.extend(reads.into_iter().map(|(uid, obs, _)| (uid, obs)));
     out
+}
+
+/// One read of an agent's log, going on from `cursor` (see
+/// `saferollout_core::gates::log_reader`): the log since the cursor's
+/// second, with timestamps, streamed through the reader, which skips what
+/// earlier reads scanned and scans at most `READ_LIMIT` new bytes, all
+/// within `LOG_TIMEOUT`. What a read that breaks off scanned still counts.
+#[allow(clippy::too_many_arguments)]
+async fn read_log(
+    api: &Api<Pod>,
+    pod: &str,
+    container: Option<String>,
+    patterns: &Patterns,
+    cursor: LogCursor,
+    window_end: Option<Timestamp>,
+    now: Timestamp,
+    before: &LogRead,
+) -> (LogCursor, LogRead) {
+    let params = LogParams {
+        container,
+        since_time: cursor.since,
+        timestamps: true,
+        limit_bytes: Some(i64::try_from(cursor.request_bytes(READ_LIMIT)).unwrap_or(i64::MAX)),
+        ..Default::default()
+    };
+    let mut pass = LogPass::new(patterns, cursor, window_end, READ_LIMIT);
+    let deadline = tokio::time::Instant::now() + LOG_TIMEOUT;
+    let streamed: std::result::Result<bool, String> = async {
+        let stream = tokio::time::timeout_at(deadline, api.log_stream(pod, &params))
+            .await
+            .map_err(|_| format!("reading the log timed out after {LOG_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())?;
+        let mut stream = std::pin::pin!(stream);
+        let mut chunk = vec![0u8; LOG_CHUNK];
+        loop {
+            let n = tokio::time::timeout_at(deadline, stream.read(&mut chunk))
+                .await
+                .map_err(|_| format!("reading the log timed out after {LOG_TIMEOUT:?}"))?
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Ok(true);
+            }
+            if pass.feed(&chunk[..n]) {
+                return Ok(false);
+            }
+        }
+    }
+    .await;
+    let (cursor, end) = pass.finish(streamed == Ok(true));
+    let read = match (end, streamed) {
+        (ReadEnd::Matched(m), _) => LogRead::Matched(m),
+        (ReadEnd::WindowRead, _) => LogRead::Clean {
+            at: window_end.map_or(now, |e| e.max(now)),
+        },
+        (ReadEnd::CaughtUp, _) => LogRead::Clean { at: now },
+        (ReadEnd::Behind | ReadEnd::Resync, _) => LogRead::Behind { at: now },
+        (ReadEnd::Interrupted, result) => LogRead::Unreadable {
+            error: result.err().unwrap_or_else(|| "the log ended early".into()),
+            clean_at: match before {
+                LogRead::Clean { at } => Some(*at),
+                LogRead::Unreadable { clean_at, .. } => *clean_at,
+                _ => None,
+            },
+        },
+    };
+    (cursor, read)
 }
 
 /// Starts the prometheus queries that are due (each in a task of its own)

@@ -17,9 +17,10 @@ use saferollout_core::eligibility::eligibility;
 use saferollout_core::expectations::Expectations;
 use saferollout_core::objects::{SlimNode, SlimPod};
 use saferollout_core::revision::{
-    RevisionTemplate, current_revision, revision_hash, revision_template,
+    RevisionTemplate, backup_template_json, content_hash, current_revision, revision_hash,
+    revision_template, revision_template_json,
 };
-use saferollout_core::rollout::{Decision, Observed, Requests, SpecTemplate};
+use saferollout_core::rollout::{BackupView, Decision, Observed, Requests, SpecTemplate};
 use saferollout_core::views::{
     AgentPod, DaemonSetView, NodeView, NodesByName, PodsByNode, live_pods, pods_by_node,
 };
@@ -33,6 +34,10 @@ pub struct World {
     /// The DaemonSet's own ControllerRevisions, with their parsed templates.
     revisions: Vec<(Arc<ControllerRevision>, Arc<PodTemplateSpec>)>,
     pub backup: Option<Arc<ControllerRevision>>,
+    /// The content hash of the template `backup` holds.
+    pub backup_content: Option<String>,
+    /// The content hash of each of the DaemonSet's revisions' templates.
+    revision_contents: std::collections::BTreeMap<String, String>,
     pods: Vec<Arc<SlimPod>>,
     /// Sorted by name (shared with other passes until a node changes).
     nodes: Arc<Vec<Arc<SlimNode>>>,
@@ -42,24 +47,29 @@ pub struct World {
     pub devices: super::devices::DeviceWorld,
 }
 
-/// Parsed ControllerRevision templates, by UID and resource version: a
-/// revision's data never changes, so each is parsed once.
+/// Parsed ControllerRevision templates and their content hashes, by UID
+/// and resource version: a revision's data never changes, so each is
+/// parsed and hashed once.
 #[derive(Default)]
-pub struct TemplateCache(Mutex<HashMap<String, (String, Arc<PodTemplateSpec>)>>);
+pub struct TemplateCache(Mutex<HashMap<String, CachedTemplate>>);
+
+/// A revision's resource version, its parsed template and content hash.
+type CachedTemplate = (String, Arc<PodTemplateSpec>, String);
 
 impl TemplateCache {
-    fn get(&self, cr: &ControllerRevision) -> Option<Arc<PodTemplateSpec>> {
+    fn get(&self, cr: &ControllerRevision) -> Option<(Arc<PodTemplateSpec>, String)> {
         let uid = cr.metadata.uid.clone().unwrap_or_default();
         let rv = cr.metadata.resource_version.clone().unwrap_or_default();
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((cached_rv, t)) = map.get(&uid)
+        if let Some((cached_rv, t, hash)) = map.get(&uid)
             && *cached_rv == rv
         {
-            return Some(t.clone());
+            return Some((t.clone(), hash.clone()));
         }
         let t = Arc::new(revision_template(cr)?);
-        map.insert(uid, (rv, t.clone()));
-        Some(t)
+        let hash = content_hash(&revision_template_json(cr)?);
+        map.insert(uid, (rv, t.clone(), hash.clone()));
+        Some((t, hash))
     }
 
     /// Forgets a revision that is gone.
@@ -103,9 +113,11 @@ fn owned_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
     !uid.is_empty() && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
 }
 
-/// The name of the last-good backup of `revision` for SafeRollout `sr`.
-pub fn backup_name(sr: &str, revision: &str) -> String {
-    format!("{sr}-last-good-{revision}")
+pub use saferollout_core::rollout::backup_name;
+
+/// The content hash of the template a last-good backup holds.
+pub fn backup_content(cr: &ControllerRevision) -> Option<String> {
+    backup_template_json(cr).map(content_hash)
 }
 
 /// Reads what a reconcile of `sr` needs from the caches.
@@ -119,10 +131,17 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
         .unwrap_or_default();
     let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
     let all_revisions = caches.revisions.in_namespace(&ns);
+    let mut revision_contents = std::collections::BTreeMap::new();
     let revisions = all_revisions
         .iter()
         .filter(|cr| owned_by(&cr.metadata, &ds_uid))
-        .filter_map(|cr| Some((cr.clone(), templates.get(cr)?)))
+        .filter_map(|cr| {
+            let (template, hash) = templates.get(cr)?;
+            if let Some(rev) = revision_hash(cr) {
+                revision_contents.insert(rev.to_string(), hash);
+            }
+            Some((cr.clone(), template))
+        })
         .collect();
     let stable = sr.status.as_ref().and_then(|s| s.stable_revision.clone());
     let backup = stable.and_then(|rev| {
@@ -132,6 +151,7 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
             .find(|cr| cr.name_any() == name && owned_by(&cr.metadata, &sr_uid))
             .cloned()
     });
+    let backup_content = backup.as_deref().and_then(backup_content);
     let pods = caches
         .pods
         .in_namespace(&ns)
@@ -154,6 +174,8 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
         ds,
         revisions,
         backup,
+        backup_content,
+        revision_contents,
         pods,
         nodes: caches.nodes_by_name(),
         owned_by_other,
@@ -209,11 +231,20 @@ pub fn decide(
         preflight: extras.preflight,
         daemonset: ds_view.as_ref(),
         spec_template: extras.spec_template,
-        backup_revision: world
-            .backup
-            .as_ref()
-            .and_then(|b| b.labels().get(BACKUP_REVISION_LABEL))
-            .map(String::as_str),
+        name: sr.metadata.name.as_deref().unwrap_or_default(),
+        backup: world.backup.as_ref().and_then(|b| {
+            Some(BackupView {
+                name: b.metadata.name.as_deref()?,
+                // Found by the name of status's stable revision: one without
+                // our label is still that name's (and checked as such).
+                revision: b
+                    .labels()
+                    .get(BACKUP_REVISION_LABEL)
+                    .or(status.stable_revision.as_ref())?,
+                content: world.backup_content.as_deref(),
+            })
+        }),
+        revision_contents: &world.revision_contents,
         pods: &pods,
         nodes: &node_views,
         rollout_id: extras.rollout_id,

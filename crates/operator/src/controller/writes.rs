@@ -32,7 +32,7 @@ use saferollout_api::{
     BACKUP_REVISION_LABEL, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, REVISION_HASH_LABEL,
     ROLLOUT_LABEL, STAGE_LABEL, SafeRollout, SafeRolloutStatus,
 };
-use saferollout_core::revision::revision_template_json;
+use saferollout_core::revision::{content_hash, revision_template_json};
 use saferollout_core::rollout::{Action, PodRef};
 use serde_json::json;
 use tracing::{info, warn};
@@ -322,7 +322,7 @@ pub async fn perform(
             )?)
             .await
         }
-        Action::RestoreLastGood => {
+        Action::RestoreLastGood { content } => {
             let backup = world
                 .backup
                 .as_ref()
@@ -333,6 +333,15 @@ pub async fn perform(
                 .get("template")
                 .cloned()
                 .ok_or_else(|| Error::MissingBackup(backup.name_any()))?;
+            // Only the content the decision verified is ever written back.
+            let found = content_hash(&t);
+            if found != *content {
+                warn!(%ns, backup = %backup.name_any(), %found, expected = %content, "not restoring a last good backup the operator did not write");
+                return Err(Error::BackupMismatch(format!(
+                    "ControllerRevision {} holds content {found}, not {content}",
+                    backup.name_any()
+                )));
+            }
             info!(%ns, daemonset = %ds_name, backup = %backup.name_any(), "restoring the last good template");
             write_ds(guarded(
                 json!([{"op": "replace", "path": "/spec/template", "value": t}]),
@@ -572,7 +581,30 @@ async fn backup_template(
     };
     match api.create(&params, &cr).await {
         Ok(_) => info!(%ns, backup = %name, "recorded the last good template"),
-        Err(kube::Error::Api(s)) if s.code == 409 => {} // already recorded (ControllerRevision data is immutable)
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Someone created it first: it counts as recorded only if it
+            // holds what this write meant to (ControllerRevision data is
+            // immutable, so it holds that for good), and is ours.
+            let existing = api.get(&name).await?;
+            let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
+            let ours = existing.owner_references().iter().any(|o| o.uid == sr_uid);
+            let (meant, found) = (
+                content_hash(&template),
+                super::snapshot::backup_content(&existing),
+            );
+            if !ours || found.as_deref() != Some(meant.as_str()) {
+                warn!(%ns, backup = %name, ?found, %meant, ours, "a last good backup the operator did not write is in the way");
+                return Err(Error::BackupMismatch(format!(
+                    "ControllerRevision {name} exists with content {}, not {meant}{}",
+                    found.as_deref().unwrap_or("(none)"),
+                    if ours {
+                        ""
+                    } else {
+                        ", and is not owned by this SafeRollout"
+                    }
+                )));
+            }
+        }
         Err(e) => return Err(e.into()),
     }
     let sr_uid = sr.metadata.uid.clone().unwrap_or_default();

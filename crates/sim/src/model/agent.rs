@@ -139,7 +139,8 @@ pub fn agent_moment(
         | Fault::ClearTaints
         | Fault::Unhealthy
         | Fault::DropClaims
-        | Fault::FatalLog => steady(true, Offer::Physical),
+        | Fault::FatalLog
+        | Fault::NoisyFatal => steady(true, Offer::Physical),
         Fault::Fewer => steady(true, Offer::Half),
         Fault::Broken => steady(true, Offer::Broken),
         Fault::Overcount => steady(true, Offer::Double),
@@ -224,6 +225,7 @@ mod tests {
             (Fault::Unhealthy, true, Offer::Physical),
             (Fault::DropClaims, true, Offer::Physical),
             (Fault::FatalLog, true, Offer::Physical),
+            (Fault::NoisyFatal, true, Offer::Physical),
         ] {
             for at in [0, 1, 1000] {
                 let m = moment(fault, at);

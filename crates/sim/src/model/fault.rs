@@ -54,6 +54,10 @@ pub enum Fault {
     DropClaims,
     /// Healthy in every respect but logs a fatal line.
     FatalLog,
+    /// Healthy in every respect but logs more than 2 MiB of routine lines,
+    /// then a fatal line: a log reader that stops at its first megabyte
+    /// never sees it.
+    NoisyFatal,
 }
 
 impl Fault {
@@ -62,7 +66,7 @@ impl Fault {
         let Some(tag) = image_tag(image) else {
             return Self::Healthy;
         };
-        const SUFFIXES: [(&str, Fault); 12] = [
+        const SUFFIXES: [(&str, Fault); 13] = [
             ("-broken", Fault::Broken),
             ("-overcount", Fault::Overcount),
             ("-crashloop", Fault::Crashloop),
@@ -75,6 +79,7 @@ impl Fault {
             ("-unhealthy", Fault::Unhealthy),
             ("-dropclaims", Fault::DropClaims),
             ("-fatallog", Fault::FatalLog),
+            ("-noisyfatal", Fault::NoisyFatal),
         ];
         SUFFIXES
             .iter()
@@ -137,6 +142,7 @@ mod tests {
             ("example/plugin:v1-unhealthy", Fault::Unhealthy),
             ("example/plugin:v1-dropclaims", Fault::DropClaims),
             ("example/plugin:v1-fatallog", Fault::FatalLog),
+            ("example/plugin:v1-noisyfatal", Fault::NoisyFatal),
             ("example/plugin:v1-taints", Fault::Healthy),
             ("example/plugin:broken", Fault::Healthy),
             ("example/plugin:v1-broken-not", Fault::Healthy),

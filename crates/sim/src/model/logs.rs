@@ -4,7 +4,8 @@
 //! Every agent's log has its start-up lines, one line with a secret-looking
 //! value (`token=...`, so log readers can be shown to mask it), and the
 //! lines of its fault: the real agents' fatal messages for `-broken`,
-//! `-crashloop` and `-fatallog`.
+//! `-crashloop`, `-fatallog` and `-noisyfatal` (which prints more than
+//! [`NOISE_BYTES`] of routine lines before it).
 
 use jiff::Timestamp;
 
@@ -20,6 +21,34 @@ pub const DRIVER_FATAL: &str = "failed to register plugin with the kubelet: rpc 
 pub const PLUGIN_CRASH: &str = "failed to register with the kubelet: rpc error: code = Unimplemented desc = unknown service v1beta1.Registration";
 /// The last words of a `-crashloop` DRA driver.
 pub const DRIVER_CRASH: &str = "NodePrepareResources: failed to restore the checkpoint: checkpoint version v2 is not supported";
+
+/// How much routine logging a `-noisyfatal` agent prints before its fatal
+/// line: more than twice the 1 MiB a log reader might read at once.
+pub const NOISE_BYTES: usize = 2 << 20;
+
+/// Routine lines of at least `bytes` in all, none of them fatal.
+fn noise(at: Timestamp, bytes: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut total = 0;
+    let mut seq = 0u64;
+    while total <= bytes {
+        let line = klog(
+            'I',
+            at,
+            "health.go:63",
+            &format!(
+                "health check {seq}: device gpu-{} ok, temperature {} C, power {} W, ecc errors 0",
+                seq % 8,
+                40 + seq % 30,
+                150 + seq % 200
+            ),
+        );
+        total += line.len() + 1;
+        seq += 1;
+        lines.push(line);
+    }
+    lines
+}
 
 /// Details an agent's log mentions.
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +126,10 @@ pub fn agent_log_lines(facts: &AgentLogFacts<'_>, at: Timestamp) -> Vec<String> 
             return lines;
         }
         Fault::FatalLog => lines.push(klog('E', at, "main.go:131", fatal)),
+        Fault::NoisyFatal => {
+            lines.extend(noise(at, NOISE_BYTES));
+            lines.push(klog('E', at, "main.go:131", fatal));
+        }
         _ => {}
     }
     lines.push(match facts.kind {
@@ -200,6 +233,13 @@ mod tests {
         let fatal = agent_log_lines(&facts(AgentKind::DevicePlugin, Fault::FatalLog), at());
         assert!(fatal.iter().any(|l| l.contains(PLUGIN_FATAL)));
         assert!(fatal.iter().any(|l| l.contains("advertising 8")));
+        // -noisyfatal: the fatal line only after more than 2 MiB of routine lines.
+        let noisy = agent_log_lines(&facts(AgentKind::DevicePlugin, Fault::NoisyFatal), at());
+        let fatal_at = noisy.iter().position(|l| l.contains(PLUGIN_FATAL)).unwrap();
+        let before: usize = noisy[..fatal_at].iter().map(|l| l.len() + 1).sum();
+        assert!(before > NOISE_BYTES, "{before}");
+        assert_eq!(noisy.iter().filter(|l| l.contains(PLUGIN_FATAL)).count(), 1);
+        assert!(noisy.iter().any(|l| l.contains("advertising 8")));
     }
 
     #[test]
