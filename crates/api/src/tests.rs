@@ -655,7 +655,12 @@ fn per_node_stage_fields_are_atomic_for_server_side_apply() {
         assert_eq!(s["type"], "object", "{field}");
         assert_eq!(s["x-kubernetes-map-type"], "atomic", "{field}");
     }
-    for field in ["baselineGroups", "skipped", "probes"] {
+    for field in [
+        "baselineGroups",
+        "deviceBaselineGroups",
+        "skipped",
+        "probes",
+    ] {
         let s = at(&root, &format!("status.stages.[].{field}"));
         assert_eq!(s["x-kubernetes-list-type"], "atomic", "{field}");
         assert!(s.get("x-kubernetes-list-map-keys").is_none(), "{field}");

@@ -398,7 +398,7 @@ pub async fn perform(
     };
     if result.is_ok() {
         match action {
-            Action::ApplySpecTemplate | Action::RestoreLastGood => crash_point("template"),
+            Action::ApplySpecTemplate | Action::RestoreLastGood { .. } => crash_point("template"),
             Action::BackupTemplate { .. } => crash_point("backup"),
             Action::DeletePods { .. } => crash_point("deletion"),
             Action::Quarantine { .. } => crash_point("quarantine"),
