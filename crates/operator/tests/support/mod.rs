@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod dra;
+pub mod faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
