@@ -55,6 +55,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -293,7 +294,11 @@ type faults struct {
 	rng       *rand.Rand
 	rules     []*errorRule
 	blackhole []string
-	stats     stats
+	// open watch streams, silenced the moment their resource is
+	// blackholed (not at their next read, which may come after the
+	// blackhole was lifted).
+	open  map[*silenceable]struct{}
+	stats stats
 }
 
 type stats struct {
@@ -309,7 +314,8 @@ type stats struct {
 
 func newFaults(seed uint64) *faults {
 	return &faults{
-		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		rng:  rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		open: map[*silenceable]struct{}{},
 		stats: stats{
 			Requests:   map[string]int{},
 			Injected:   map[string]int{},
@@ -371,6 +377,31 @@ func (f *faults) countBlackholed() {
 	f.mu.Unlock()
 }
 
+// track registers an open watch stream; it is silenced at once if its
+// resource was blackholed meanwhile.
+func (f *faults) track(s *silenceable) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.open[s] = struct{}{}
+	f.silenceLocked()
+}
+
+func (f *faults) untrack(s *silenceable) {
+	f.mu.Lock()
+	delete(f.open, s)
+	f.mu.Unlock()
+}
+
+// silenceLocked silences the open streams of the blackholed resources.
+func (f *faults) silenceLocked() {
+	for s := range f.open {
+		if slices.ContainsFunc(f.blackhole, s.q.matches) && !s.silenced.Swap(true) {
+			f.stats.Blackholed++
+			log.Printf("blackhole (silenced open) watch of %s", s.q.resource)
+		}
+	}
+}
+
 func (f *faults) controlHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /faults", func(w http.ResponseWriter, _ *http.Request) {
@@ -416,6 +447,7 @@ func (f *faults) controlHandler() http.Handler {
 		sort.Strings(body.Resources)
 		f.mu.Lock()
 		f.blackhole = body.Resources
+		f.silenceLocked()
 		f.mu.Unlock()
 		log.Printf("control: blackholed watches of %v", body.Resources)
 		w.WriteHeader(http.StatusNoContent)
@@ -484,7 +516,9 @@ func newProxy(up *url.URL, transport *http.Transport, f *faults) http.Handler {
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			if q, ok := resp.Request.Context().Value(ctxKey{}).(request); ok && q.verb == "watch" {
-				resp.Body = &silenceable{body: resp.Body, q: q, f: f, done: resp.Request.Context().Done()}
+				s := &silenceable{body: resp.Body, q: q, f: f, done: resp.Request.Context().Done()}
+				f.track(s)
+				resp.Body = s
 			}
 			return nil
 		},
@@ -535,28 +569,31 @@ func forwardAndDrop(r *http.Request, up *url.URL, transport *http.Transport) {
 // good once its resource is blackholed: what it reads after that is dropped
 // and the stream is held open, without a byte more, until the client leaves.
 type silenceable struct {
-	body   io.ReadCloser
-	q      request
-	f      *faults
-	done   <-chan struct{}
-	silent bool
+	body     io.ReadCloser
+	q        request
+	f        *faults
+	done     <-chan struct{}
+	silenced atomic.Bool
+	closed   bool
 }
 
 func (s *silenceable) Read(p []byte) (int, error) {
-	if !s.silent && !s.f.blackholed(s.q) {
+	if !s.silenced.Load() {
 		n, err := s.body.Read(p)
-		if !s.f.blackholed(s.q) {
+		// Read while the blackhole was set: dropped.
+		if !s.silenced.Load() {
 			return n, err
 		}
 	}
-	if !s.silent {
-		s.silent = true
-		s.f.countBlackholed()
-		log.Printf("blackhole (silenced open) watch of %s", s.q.resource)
+	if !s.closed {
+		s.closed = true
 		_ = s.body.Close()
 	}
 	<-s.done
 	return 0, context.Canceled
 }
 
-func (s *silenceable) Close() error { return s.body.Close() }
+func (s *silenceable) Close() error {
+	s.f.untrack(s)
+	return s.body.Close()
+}
