@@ -148,11 +148,13 @@ func upstreamTransport(caFile, certFile, keyFile string) (*http.Transport, error
 }
 
 // request is what the fault rules match on: the Kubernetes verb and the
-// resource ("pods", or "pods/status" for a subresource) of an API request.
+// resource ("pods", or "pods/status" for a subresource) of an API request,
+// and whether it is a dry run.
 type request struct {
 	verb     string
 	resource string
 	sub      string
+	dryRun   bool
 }
 
 // parseRequest reads the verb and resource of a resource request as the API
@@ -187,6 +189,7 @@ func parseRequest(r *http.Request) (request, bool) {
 	if w := r.URL.Query().Get("watch"); w == "true" || w == "1" {
 		watch = true
 	}
+	req.dryRun = r.URL.Query().Get("dryRun") != ""
 	switch r.Method {
 	case http.MethodGet:
 		switch {
@@ -240,6 +243,9 @@ type errorRule struct {
 	Verbs []string `json:"verbs,omitempty"`
 	// Resources ("pods", "saferollouts/status"); empty: every resource.
 	Resources []string `json:"resources,omitempty"`
+	// DryRun: true, only dry runs (?dryRun=All); false, only real
+	// requests; unset: both.
+	DryRun *bool `json:"dryRun,omitempty"`
 	// RetryAfterSeconds of a 429 (its Retry-After header and the Status's
 	// retryAfterSeconds); 0: 1 s.
 	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
@@ -283,6 +289,9 @@ func (e *errorRule) applies(q request) bool {
 		return false
 	}
 	if e.After && q.verb == "watch" {
+		return false
+	}
+	if e.DryRun != nil && *e.DryRun != q.dryRun {
 		return false
 	}
 	return len(e.Resources) == 0 || slices.ContainsFunc(e.Resources, q.matches)
@@ -354,6 +363,9 @@ func (f *faults) draw(q request, ok bool) *injection {
 		name := q.resource
 		if q.sub != "" {
 			name += "/" + q.sub
+		}
+		if q.dryRun {
+			name += " (dry run)"
 		}
 		f.stats.InjectedBy[q.verb+" "+name]++
 		retry := rule.RetryAfterSeconds

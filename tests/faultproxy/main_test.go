@@ -20,18 +20,19 @@ func TestParseRequest(t *testing.T) {
 		want           request
 		ok             bool
 	}{
-		{"GET", "/api/v1/namespaces/ns/pods", request{"list", "pods", ""}, true},
-		{"GET", "/api/v1/namespaces/ns/pods?watch=true&resourceVersion=1", request{"watch", "pods", ""}, true},
-		{"GET", "/api/v1/watch/namespaces/ns/pods", request{"watch", "pods", ""}, true},
-		{"GET", "/api/v1/namespaces/ns/pods/p", request{"get", "pods", ""}, true},
-		{"DELETE", "/api/v1/namespaces/ns/pods/p", request{"delete", "pods", ""}, true},
-		{"DELETE", "/api/v1/namespaces/ns/pods", request{"deletecollection", "pods", ""}, true},
-		{"PATCH", "/apis/saferollout.dev/v1alpha1/namespaces/ns/saferollouts/sr/status", request{"patch", "saferollouts", "status"}, true},
-		{"PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", request{"update", "leases", ""}, true},
-		{"POST", "/apis/apps/v1/namespaces/ns/controllerrevisions", request{"create", "controllerrevisions", ""}, true},
-		{"GET", "/api/v1/nodes?watch=1", request{"watch", "nodes", ""}, true},
-		{"PATCH", "/api/v1/nodes/n", request{"patch", "nodes", ""}, true},
-		{"GET", "/api/v1/namespaces/ns", request{"get", "namespaces", ""}, true},
+		{"GET", "/api/v1/namespaces/ns/pods", request{"list", "pods", "", false}, true},
+		{"GET", "/api/v1/namespaces/ns/pods?watch=true&resourceVersion=1", request{"watch", "pods", "", false}, true},
+		{"GET", "/api/v1/watch/namespaces/ns/pods", request{"watch", "pods", "", false}, true},
+		{"GET", "/api/v1/namespaces/ns/pods/p", request{"get", "pods", "", false}, true},
+		{"DELETE", "/api/v1/namespaces/ns/pods/p", request{"delete", "pods", "", false}, true},
+		{"DELETE", "/api/v1/namespaces/ns/pods", request{"deletecollection", "pods", "", false}, true},
+		{"PATCH", "/apis/saferollout.dev/v1alpha1/namespaces/ns/saferollouts/sr/status", request{"patch", "saferollouts", "status", false}, true},
+		{"PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", request{"update", "leases", "", false}, true},
+		{"POST", "/apis/apps/v1/namespaces/ns/controllerrevisions", request{"create", "controllerrevisions", "", false}, true},
+		{"GET", "/api/v1/nodes?watch=1", request{"watch", "nodes", "", false}, true},
+		{"PATCH", "/api/v1/nodes/n", request{"patch", "nodes", "", false}, true},
+		{"PATCH", "/apis/apps/v1/namespaces/ns/daemonsets/d?dryRun=All", request{"patch", "daemonsets", "", true}, true},
+		{"GET", "/api/v1/namespaces/ns", request{"get", "namespaces", "", false}, true},
 		{"GET", "/version", request{}, false},
 		{"GET", "/apis/resource.k8s.io", request{}, false},
 		{"GET", "/apis/resource.k8s.io/v1", request{}, false},
@@ -43,7 +44,7 @@ func TestParseRequest(t *testing.T) {
 			t.Errorf("%s %s: got %+v %v, want %+v %v", c.method, c.target, got, ok, c.want, c.ok)
 		}
 	}
-	q := request{"patch", "saferollouts", "status"}
+	q := request{verb: "patch", resource: "saferollouts", sub: "status"}
 	if !q.matches("saferollouts") || !q.matches("saferollouts/status") || q.matches("saferollouts/scale") || q.matches("pods") {
 		t.Errorf("resource patterns do not match as documented")
 	}
@@ -167,6 +168,15 @@ func TestForwardsAndInjects(t *testing.T) {
 		t.Fatalf("after the burst: %d", r.StatusCode)
 	}
 
+	// A rule for dry runs only leaves the real request alone.
+	fx.ctl(t, "POST", "/errors", `{"codes":[500],"fraction":1,"count":1,"verbs":["patch"],"dryRun":true}`)
+	if r := fx.do(t, "PATCH", "/api/v1/nodes/n"); r.StatusCode != 200 {
+		t.Fatalf("a real patch was refused by a dry-run rule: %d", r.StatusCode)
+	}
+	if r := fx.do(t, "PATCH", "/api/v1/nodes/n?dryRun=All"); r.StatusCode != 500 {
+		t.Fatalf("the dry run was not refused: %d", r.StatusCode)
+	}
+
 	// "after": the create reaches the API server, its answer is lost.
 	fx.ctl(t, "POST", "/errors", `{"codes":[500],"fraction":1,"count":1,"verbs":["create"],"after":true}`)
 	if r := fx.do(t, "POST", "/api/v1/namespaces/ns/pods"); r.StatusCode != 500 {
@@ -176,7 +186,7 @@ func TestForwardsAndInjects(t *testing.T) {
 		t.Fatalf("the create did not reach the API server")
 	}
 	st := fx.stats(t)
-	if st.Injected["429"] != 2 || st.Injected["500"] != 1 || st.InjectedBy["get pods"] != 2 || st.Requests["rules"] != 0 {
+	if st.Injected["429"] != 2 || st.Injected["500"] != 2 || st.InjectedBy["get pods"] != 2 || st.Requests["rules"] != 0 {
 		t.Fatalf("stats: %+v", st)
 	}
 

@@ -142,11 +142,18 @@ fn operator(env: &Env) -> anyhow::Result<Operator> {
 }
 
 /// A fifth of every request (any verb, any resource) answered 429 or 500;
-/// every answer, the errors' too, delayed 0-2 s. And, so the start-up's
-/// first step is always refused once rather than by chance, the operator's
-/// first read (or create) of its leader lease is answered 500.
+/// every answer, the errors' too, delayed 0-2 s. And, so that the requests
+/// whose refusal once stopped the operator are always refused rather than by
+/// chance: its first read (or create) of its leader lease, and its first two
+/// dry runs of spec.template on the DaemonSet (before and after it takes
+/// over updates: the dry run tells whether the DaemonSet carries
+/// spec.template already) are answered 500.
 fn degrade(proxy: &FaultProxy) -> anyhow::Result<()> {
     proxy.burst(1, &[500], &["get", "create"], &["leases"])?;
+    proxy.error_rule(json!({
+        "codes": [500], "fraction": 1.0, "count": 2,
+        "verbs": ["patch"], "resources": ["daemonsets"], "dryRun": true,
+    }))?;
     proxy.errors(0.2, &[429, 500], &[], &[])?;
     proxy.set_latency(1000, 1000)
 }
@@ -220,6 +227,7 @@ fn assert_faults_injected(stats: &FaultStats) {
             ["create ", "patch ", "update ", "delete "]
                 .iter()
                 .any(|v| k.starts_with(v))
+                && !k.ends_with("(dry run)")
         })
         .map(|(_, n)| n)
         .sum();
