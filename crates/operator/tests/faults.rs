@@ -29,7 +29,7 @@ use serde_json::json;
 use support::faults::{FaultProxy, FaultStats};
 use support::{
     GPUS, Identity, Operator, condition, create_plugin_daemonset, create_rollout, default_spec,
-    sample_pods, set_template_image, wait_adopted, wait_agents, wait_status,
+    poll, sample_pods, set_template_image, wait_adopted, wait_agents, wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -366,5 +366,81 @@ async fn a_broken_release_through_errors_and_latency_is_reverted_within_the_budg
         "the canary failed the gate: {st:#?}"
     );
     assert_faults_injected(&stats);
+    Ok(())
+}
+
+/// The proxy's own controls, through the operator's client: each fault is
+/// seen as set, and `clear` takes every one away.
+#[tokio::test]
+async fn the_proxy_injects_what_it_is_told() -> anyhow::Result<()> {
+    let env = setup("faultsproxy").await?;
+    let through = client_through_the_proxy(&env).await?;
+    let revisions = Api::<ControllerRevision>::namespaced(through.clone(), &env.ns.name);
+    let params = kube::api::ListParams::default();
+    let list = || revisions.list(&params);
+
+    // Latency: every answer at least this late.
+    env.proxy.set_latency(400, 0)?;
+    let start = Instant::now();
+    list().await?;
+    let late = start.elapsed();
+    assert!(late >= Duration::from_millis(400), "answered in {late:?}");
+
+    // A burst of two 500s for lists of ControllerRevisions, then answers again.
+    env.proxy
+        .burst(2, &[500], &["list"], &["controllerrevisions"])?;
+    for _ in 0..2 {
+        match list().await {
+            Err(kube::Error::Api(s)) if s.code == 500 => {}
+            other => anyhow::bail!("expected an injected 500, got {other:?}"),
+        }
+    }
+    list().await?;
+
+    // Resets: the operator's connection is cut (no HTTP answer at all).
+    env.proxy.set_resets(1.0, 0)?;
+    let cut = list().await;
+    assert!(
+        cut.as_ref()
+            .is_err_and(|e| !matches!(e, kube::Error::Api(_))),
+        "expected a transport error, got {cut:?}"
+    );
+
+    env.proxy.clear()?;
+
+    // Blackholed watches: the list answers, the watch after it stays open
+    // and says nothing, not even of an object created meanwhile.
+    env.proxy.blackhole_watch(&["controllerrevisions"])?;
+    let mut events = watcher(revisions.clone(), watcher::Config::default()).boxed();
+    let within = Duration::from_secs(10);
+    tokio::time::timeout(within, async {
+        while !matches!(events.try_next().await?, Some(watcher::Event::InitDone)) {}
+        anyhow::Ok(())
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no initial list through the proxy in {within:?}"))??;
+    let cr: ControllerRevision = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "ControllerRevision",
+        "metadata": {"name": "unseen"}, "revision": 1, "data": {}
+    }))?;
+    Api::<ControllerRevision>::namespaced(env.client.clone(), &env.ns.name)
+        .create(&PostParams::default(), &cr)
+        .await?;
+    // Silence has no event to wait for: the check of check_the_chain (an
+    // event within 10 s when nothing is blackholed) bounds it.
+    let heard = tokio::time::timeout(Duration::from_secs(3), events.try_next()).await;
+    assert!(heard.is_err(), "a blackholed watch delivered {heard:?}");
+    poll("the held watch counted", support::TIMEOUT, || {
+        Ok((env.proxy.stats()?.blackholed >= 1).then_some(()))
+    })
+    .await?;
+
+    // Cleared: answered at once and in full.
+    env.proxy.clear()?;
+    let start = Instant::now();
+    list().await?;
+    assert!(start.elapsed() < Duration::from_millis(400));
+    let stats = env.proxy.stats()?;
+    assert_eq!(stats.injected_code(500), 2, "{stats:?}");
     Ok(())
 }
