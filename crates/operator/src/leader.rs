@@ -216,12 +216,29 @@ pub async fn elect(
 ) -> anyhow::Result<Leadership> {
     let params = LeaseParams::new(config.identity.clone(), config.duration, config.grace)
         .with_field_manager(format!("saferollout-operator/{}", config.identity));
-    let manager = LeaseManagerBuilder::new(client.clone(), &config.lease_name)
-        .with_namespace(&config.namespace)
-        .with_parameters(params)
-        .build()
-        .await
-        .map_err(|e| explain(e, &config))?;
+    // Reading the lease (and creating it when missing) is the first thing
+    // the operator asks of the API server. A refusal the API server would
+    // not repeat (429, 500, a dropped connection, or another replica creating
+    // the lease first) is tried again, backing off, rather than ending the
+    // process: before, one injected 500 on the Lease create made the operator
+    // exit at start-up (tests/faults.rs).
+    let mut delay = Duration::from_millis(500);
+    let manager = loop {
+        match LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+            .with_namespace(&config.namespace)
+            .with_parameters(params.clone())
+            .build()
+            .await
+        {
+            Ok(manager) => break manager,
+            Err(e) if is_transient(&e) => {
+                warn!(error = %e, retry_in = ?delay, "reading the leader lease failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(explain(e, &config)),
+        }
+    };
     let (mut from_manager, task) = manager.watch().await;
     let (tx, rx) = tokio::sync::watch::channel(false);
 
@@ -290,9 +307,45 @@ pub async fn elect(
     })
 }
 
+/// An error the API server (or the way to it) may not give again: worth
+/// another try. A refusal that will stand (401, 403, 404, 422) is not.
+fn is_transient(e: &kube_lease_manager::LeaseManagerError) -> bool {
+    use kube_lease_manager::LeaseManagerError as E;
+    match e {
+        E::KubeError(kube::Error::Api(status)) => {
+            matches!(status.code, 409 | 429 | 500 | 502 | 503 | 504)
+        }
+        // Transport: the connection failed, timed out or was reset.
+        E::KubeError(_) => true,
+        // Another replica created the lease between our read and our create.
+        E::LeaseAlreadyExists(_) => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_refusals_that_may_not_stand_are_retried() {
+        use kube_lease_manager::LeaseManagerError as E;
+        let api = |code: u16| {
+            E::KubeError(kube::Error::Api(
+                kube::core::Status::failure("test", "test")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        for code in [409, 429, 500, 503, 504] {
+            assert!(is_transient(&api(code)), "{code} is retried");
+        }
+        for code in [401, 403, 404, 422] {
+            assert!(!is_transient(&api(code)), "{code} ends the start-up");
+        }
+        assert!(is_transient(&E::LeaseAlreadyExists("l".into())));
+        assert!(!is_transient(&E::InconsistentState("bug".into())));
+    }
 
     #[test]
     fn the_fence_opens_only_while_held_and_confirmed() {

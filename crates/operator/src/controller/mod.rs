@@ -330,21 +330,22 @@ pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> R
     error.requeue()
 }
 
-/// `spec.template` validated, and whether the DaemonSet already carries it.
+/// `spec.template` validated (the inner error), and whether the DaemonSet
+/// already carries it; the outer error: the API server did not say.
 async fn spec_template_state(
     sr: &SafeRollout,
     ctx: &Context,
     key: &RolloutKey,
     world: &snapshot::World,
-) -> std::result::Result<Option<(serde_json::Value, String, bool)>, String> {
-    match sr.spec.typed_template() {
+) -> Result<std::result::Result<Option<(serde_json::Value, String, bool)>, String>> {
+    Ok(match sr.spec.typed_template() {
         Err(e) => Err(format!("spec.template is not a valid pod template: {e}")),
         Ok(None) => Ok(None),
         Ok(Some(_)) => {
             let value = sr.spec.template.clone().unwrap_or_default();
             let hash = saferollout_core::revision::template_hash(&value);
             let Some(ds) = &world.ds else {
-                return Ok(Some((value, hash, false)));
+                return Ok(Ok(Some((value, hash, false))));
             };
             let asked = (
                 ds.metadata.uid.clone().unwrap_or_default(),
@@ -360,14 +361,14 @@ async fn spec_template_state(
             let in_place = match cached {
                 Some(v) => v,
                 None => {
-                    let v = writes::template_in_place(ctx, ds, &value).await;
+                    let v = writes::template_in_place(ctx, ds, &value).await?;
                     ctx.memory(key, |m| m.in_place = Some((asked, v)));
                     v
                 }
             };
             Ok(Some((value, hash, in_place)))
         }
-    }
+    })
 }
 
 async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result<Requeue> {
@@ -389,7 +390,7 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     let no_status = SafeRolloutStatus::default();
     let status = sr.status.as_ref().unwrap_or(&no_status);
     let now = Timestamp::now();
-    let spec_template = match spec_template_state(sr, ctx, key, &world).await {
+    let spec_template = match spec_template_state(sr, ctx, key, &world).await? {
         Ok(t) => t,
         Err(msg) => return report_invalid_template(sr, ctx, key, status, msg, now).await,
     };

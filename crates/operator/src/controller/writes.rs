@@ -625,18 +625,25 @@ async fn backup_template(
 /// Whether the DaemonSet's template already equals `template` once the API
 /// server has defaulted it: a server-side dry run of the write, compared with
 /// the live template. Asked once per DaemonSet generation and spec.template.
+///
+/// A dry run the API server did not answer (429, 5xx, a dropped connection)
+/// tells nothing: it is an error, and the pass is retried. Before, it read
+/// as "not in place" and that answer was kept for the generation: the
+/// operator wrote the template the DaemonSet already had, a write that
+/// changes nothing and so wakes nothing, and the rollout stood at
+/// "writing spec.template" for good (tests/faults.rs, one injected 500).
 pub async fn template_in_place(
     ctx: &Context,
     ds: &DaemonSet,
     template: &serde_json::Value,
-) -> bool {
+) -> Result<bool> {
     let api: Api<DaemonSet> =
         Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
     let patch: Patch<serde_json::Value> = match serde_json::from_value(
         json!([{"op": "replace", "path": "/spec/template", "value": template}]),
     ) {
         Ok(p) => Patch::Json(p),
-        Err(_) => return false,
+        Err(_) => return Ok(false),
     };
     let params = PatchParams {
         dry_run: true,
@@ -644,11 +651,16 @@ pub async fn template_in_place(
         ..Default::default()
     };
     match api.patch(&ds.name_any(), &params, &patch).await {
-        Ok(would_be) => {
-            saferollout_core::revision::same_template(&would_be.spec.template, &ds.spec.template)
+        Ok(would_be) => Ok(saferollout_core::revision::same_template(
+            &would_be.spec.template,
+            &ds.spec.template,
+        )),
+        Err(kube::Error::Api(s)) if s.code == 429 || s.code >= 500 => {
+            Err(kube::Error::Api(s).into())
         }
         // An invalid template is reported when it is really written.
-        Err(_) => false,
+        Err(kube::Error::Api(_)) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod dra;
+pub mod faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -97,13 +98,24 @@ pub fn install_crd(c: &TestCluster) -> anyhow::Result<()> {
         "-f",
         &repo_root().join("deploy/crd.yaml").to_string_lossy(),
     ])?;
-    c.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/saferollouts.saferollout.dev",
-        "--timeout=60s",
-    ])?;
-    Ok(())
+    // A CRD just created has no status yet, and `kubectl wait` refuses an
+    // object without conditions ("accessor error") rather than waiting for
+    // them: ask again until it has some (seen on a fresh cluster).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match c.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/saferollouts.saferollout.dev",
+            "--timeout=60s",
+        ]) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.to_string().contains("accessor error") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Installs the CRD and the operator's RBAC from deploy/, as a user would.
