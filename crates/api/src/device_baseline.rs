@@ -50,9 +50,8 @@ pub fn record(
 
 /// Nodes of a stage whose gated DRA driver had the same shape before the
 /// stage touched them.
-#[derive(JsonSchema)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[allow(dead_code)]
 pub struct DeviceBaselineGroup {
     /// The pools each node had, when not only the pool named after the node
     /// (absent: each node had its own pool, named after it).
@@ -184,30 +183,8 @@ impl<'de> Visitor<'de> for EitherForm {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct GroupIn {
-            #[serde(default)]
-            pools: Option<Vec<String>>,
-            #[serde(default)]
-            devices: i64,
-            #[serde(default)]
-            counters: BTreeMap<String, i64>,
-            #[serde(default)]
-            capacity: BTreeMap<String, i64>,
-            #[serde(default)]
-            taints: Vec<String>,
-            #[serde(default)]
-            taints_total: i64,
-            #[serde(default)]
-            claims_total: i64,
-            #[serde(default)]
-            nodes: Vec<String>,
-            #[serde(default)]
-            claims: BTreeMap<String, Vec<String>>,
-        }
         let mut per_node = BTreeMap::new();
-        while let Some(mut g) = seq.next_element::<GroupIn>()? {
+        while let Some(mut g) = seq.next_element::<DeviceBaselineGroup>()? {
             if let Some(node) = g.claims.keys().find(|n| !g.nodes.contains(n)) {
                 return Err(de::Error::custom(format!(
                     "device baseline claims name node {node}, which is not in their group"

@@ -418,19 +418,7 @@ async fn halt_stops_and_changes_nothing_more() -> anyhow::Result<()> {
     let mut env = setup("halt").await?;
     // This test reads the operator's metrics: run it on a known port.
     let port = free_loopback_port()?;
-    let args: Vec<String> = [
-        "--namespace",
-        &env.ns.name,
-        "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-        "--lease-duration",
-        "3",
-        "--lease-grace",
-        "1",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let args = support::operator_args(&env.ns.name, &format!("127.0.0.1:{port}"), 3);
     drop(std::mem::replace(
         &mut env.op,
         Operator::start(

@@ -34,19 +34,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// deploy/rbac.yaml held briefly: a killed operator of an earlier test holds
 /// the next one back for 3 s at most.
 fn start_operator(ns: &str) -> anyhow::Result<support::Operator> {
-    let args: Vec<String> = [
-        "--namespace",
-        ns,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--lease-duration",
-        "3",
-        "--lease-grace",
-        "1",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let args = support::operator_args(ns, "127.0.0.1:0", 3);
     support::Operator::start(
         Identity::Impersonate(cluster().kubeconfig(), OPERATOR_SA),
         &args,

@@ -57,19 +57,7 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
 /// short lease (`duration` seconds) and metrics on `metrics_port`.
 fn operator(env: &Env, log: &str, duration: u64, metrics_port: u16) -> anyhow::Result<Operator> {
     let c = cluster();
-    let args: Vec<String> = [
-        "--namespace",
-        &env.ns.name,
-        "--metrics-addr",
-        &format!("127.0.0.1:{metrics_port}"),
-        "--lease-duration",
-        &duration.to_string(),
-        "--lease-grace",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = support::operator_args(&env.ns.name, &format!("127.0.0.1:{metrics_port}"), duration);
     Operator::start(
         Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
         &args,
@@ -1018,19 +1006,11 @@ async fn a_pass_that_panics_stops_only_its_own_safe_rollout() -> anyhow::Result<
     support::create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
     support::create_plugin_daemonset(&env.client, &other.name, &other_resource, v1).await?;
     let port = free_loopback_port()?;
-    let args: Vec<String> = [
-        "--namespace",
+    let args = support::operator_args(
         &format!("{},{}", env.ns.name, other.name),
-        "--metrics-addr",
         &format!("127.0.0.1:{port}"),
-        "--lease-duration",
-        "3",
-        "--lease-grace",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+        3,
+    );
     let panicking = format!("{}/plugin", env.ns.name);
     let mut op = Operator::start_with_env(
         Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
@@ -1124,19 +1104,7 @@ async fn a_crash_right_after_each_kind_of_write_repeats_and_skips_nothing() -> a
     let c = cluster();
     let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
     let start = |ns: &str, log: &str, hook: Option<&str>| {
-        let args: Vec<String> = [
-            "--namespace",
-            ns,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--lease-duration",
-            "3",
-            "--lease-grace",
-            "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = support::operator_args(ns, "127.0.0.1:0", 3);
         let env: Vec<(&str, &str)> = hook
             .map(|h| ("SAFEROLLOUT_DEBUG_CRASH_AFTER", h))
             .into_iter()

@@ -96,15 +96,10 @@ async fn check_the_chain(env: &Env) -> anyhow::Result<()> {
         watcher::Config::default().fields("metadata.name=chain-check"),
     )
     .boxed();
-    let within = Duration::from_secs(10);
     // The watch (of an object the ServiceAccount may watch) is open once its
     // initial list (empty) is done.
-    tokio::time::timeout(within, async {
-        while !matches!(events.try_next().await?, Some(watcher::Event::InitDone)) {}
-        anyhow::Ok(())
-    })
-    .await
-    .map_err(|_| anyhow::anyhow!("no initial list through the proxy in {within:?}"))??;
+    let within = Duration::from_secs(10);
+    initial_list_within(&mut events, within).await?;
     // Created after, directly, it must come through as it happens: within
     // seconds, not when a buffer fills or the watch ends.
     let cr: ControllerRevision = serde_json::from_value(json!({
@@ -125,6 +120,19 @@ async fn check_the_chain(env: &Env) -> anyhow::Result<()> {
     // Nothing of the check stays beside the rollout's own revisions.
     revisions.delete("chain-check", &Default::default()).await?;
     Ok(())
+}
+
+/// Waits for a watch's initial list to end (the watch is then open).
+async fn initial_list_within<S>(events: &mut S, within: Duration) -> anyhow::Result<()>
+where
+    S: futures::Stream<Item = Result<watcher::Event<ControllerRevision>, watcher::Error>> + Unpin,
+{
+    tokio::time::timeout(within, async {
+        while !matches!(events.try_next().await?, Some(watcher::Event::InitDone)) {}
+        anyhow::Ok(())
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no initial list through the proxy in {within:?}"))?
 }
 
 /// The operator as its ServiceAccount, watching the test's namespace,
@@ -412,13 +420,7 @@ async fn the_proxy_injects_what_it_is_told() -> anyhow::Result<()> {
     // and says nothing, not even of an object created meanwhile.
     env.proxy.blackhole_watch(&["controllerrevisions"])?;
     let mut events = watcher(revisions.clone(), watcher::Config::default()).boxed();
-    let within = Duration::from_secs(10);
-    tokio::time::timeout(within, async {
-        while !matches!(events.try_next().await?, Some(watcher::Event::InitDone)) {}
-        anyhow::Ok(())
-    })
-    .await
-    .map_err(|_| anyhow::anyhow!("no initial list through the proxy in {within:?}"))??;
+    initial_list_within(&mut events, Duration::from_secs(10)).await?;
     let cr: ControllerRevision = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "ControllerRevision",
         "metadata": {"name": "unseen"}, "revision": 1, "data": {}

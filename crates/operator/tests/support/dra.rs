@@ -104,19 +104,7 @@ pub fn start_operator(ns: &str) -> anyhow::Result<Operator> {
 
 /// [`start_operator`] with environment variables (flags) and a log name.
 pub fn start_operator_with(ns: &str, env: &[(&str, &str)], log: &str) -> anyhow::Result<Operator> {
-    let args: Vec<String> = [
-        "--namespace",
-        ns,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--lease-duration",
-        "3",
-        "--lease-grace",
-        "1",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let args = super::operator_args(ns, "127.0.0.1:0", 3);
     Operator::start_with_env(
         Identity::Impersonate(cluster().kubeconfig(), OPERATOR_SA),
         &args,

@@ -22,11 +22,9 @@
 //! observes is never faulted.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kube::config::Kubeconfig;
@@ -412,26 +410,8 @@ fn http_json(
     path: &str,
     body: Option<&Value>,
 ) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("no HTTP header in {text:?}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no status in {head:?}"))?;
-    Ok((code, body.to_string()))
+    let body = body.map(|b| b.to_string());
+    super::http_request(port, method, path, body.as_deref())
 }
 
 /// The JSON answer of a successful (2xx) request; `null` for an empty one.

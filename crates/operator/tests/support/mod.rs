@@ -138,11 +138,24 @@ pub fn free_loopback_port() -> anyhow::Result<u16> {
 
 /// A plain HTTP/1.0 GET to 127.0.0.1: (status code, body).
 pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    http_request(port, "GET", path, None)
+}
+
+/// An HTTP/1.0 request to 127.0.0.1:`port`, with a JSON body if any:
+/// (status, body).
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    json_body: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let body = json_body.unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: application/json\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: application/json\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
@@ -181,6 +194,26 @@ pub async fn poll<T>(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The operator's arguments in the tests: watching `namespaces`
+/// (comma-separated), metrics on `metrics_addr`, a lease of `lease` seconds
+/// renewed 1 s before it expires, so a killed operator of an earlier test
+/// holds the next one back that long at most.
+pub fn operator_args(namespaces: &str, metrics_addr: &str, lease: u64) -> Vec<String> {
+    [
+        "--namespace",
+        namespaces,
+        "--metrics-addr",
+        metrics_addr,
+        "--lease-duration",
+        &lease.to_string(),
+        "--lease-grace",
+        "1",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
 }
 
 /// How the operator authenticates.
