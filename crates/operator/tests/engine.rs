@@ -26,8 +26,8 @@ use saferollout_testkit::{TestNamespace, cluster, wait_for_all, wait_for_object}
 use serde_json::json;
 use support::{
     GPUS, Identity, Operator, TIMEOUT, agent_template, allocatable, condition, create_rollout,
-    free_loopback_port, http_get, image_of, pod_ready, sample_pods, wait_adopted, wait_agents,
-    wait_status,
+    free_loopback_port, http_get, image_of, is_leader, pod_ready, sample_pods, wait_adopted,
+    wait_agents, wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -738,12 +738,6 @@ async fn a_second_saferollout_on_the_same_daemonset_is_refused() -> anyhow::Resu
     let owner = srs(&env).get("plugin").await?.status.unwrap_or_default();
     assert_eq!(owner.phase, Some(Phase::Succeeded));
     Ok(())
-}
-
-/// `saferollout_leader` of the operator serving metrics on `port`.
-fn is_leader(port: u16) -> Option<bool> {
-    let (code, body) = http_get(port, "/metrics").ok()?;
-    (code == 200).then(|| body.lines().any(|l| l == "saferollout_leader 1"))
 }
 
 #[tokio::test]

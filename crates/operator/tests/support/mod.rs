@@ -171,6 +171,12 @@ pub fn http_request(
     Ok((code, body.to_string()))
 }
 
+/// `saferollout_leader` of the operator serving metrics on `port`.
+pub fn is_leader(port: u16) -> Option<bool> {
+    let (code, body) = http_get(port, "/metrics").ok()?;
+    (code == 200).then(|| body.lines().any(|l| l == "saferollout_leader 1"))
+}
+
 /// Polls `f` every 250 ms until it returns `Some`, or fails after `timeout`
 /// with `what`. For things no watch can tell (an HTTP API, a log file).
 pub async fn poll<T>(
@@ -281,6 +287,15 @@ impl Operator {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .context("no VmHWM in /proc/<pid>/status")
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} failed");
+        Ok(())
     }
 
     pub fn kill(&mut self) {
