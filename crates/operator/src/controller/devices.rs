@@ -71,7 +71,22 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
             per_node_watches: PER_NODE_WATCHES,
         };
     }
-    let group = match kube::discovery::group(client, "resource.k8s.io").await {
+    // Asked once, at start-up: an answer the API server would not repeat
+    // (429, 5xx, a dropped connection) is asked again, backing off, rather
+    // than taken as "not served", which would leave the device gates unable
+    // to judge (failing at the progress deadline) for the process's life.
+    let mut delay = std::time::Duration::from_millis(500);
+    let group = loop {
+        match kube::discovery::group(client, "resource.k8s.io").await {
+            Err(e) if !is_lasting(&e) => {
+                warn!(error = %e, retry_in = ?delay, "discovering resource.k8s.io failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+            }
+            other => break other,
+        }
+    };
+    let group = match group {
         Ok(g) => g,
         Err(e) => {
             warn!(error = %e, "resource.k8s.io is not served: the DRA gates cannot judge");
@@ -103,6 +118,16 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
         unavailable,
         rules,
         per_node_watches: PER_NODE_WATCHES,
+    }
+}
+
+/// A discovery answer that will stand: the group or one of its versions is
+/// not there (a 404, kube's "missing group"), or we may not read it.
+fn is_lasting(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Discovery(_) => true,
+        kube::Error::Api(s) => matches!(s.code, 401 | 403 | 404),
+        _ => false,
     }
 }
 
@@ -857,6 +882,27 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn discovery_is_asked_again_unless_its_answer_will_stand() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("test", "test")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for code in [401, 403, 404] {
+            assert!(is_lasting(&api(code)), "{code} is taken as the answer");
+        }
+        assert!(is_lasting(&kube::Error::Discovery(
+            kube::error::DiscoveryError::MissingApiGroup("resource.k8s.io".into())
+        )));
+        for code in [429, 500, 503, 504] {
+            assert!(!is_lasting(&api(code)), "{code} is asked again");
+        }
+        assert!(!is_lasting(&kube::Error::LinesCodecMaxLineLengthExceeded));
+    }
 
     #[test]
     fn only_pods_that_use_devices_are_kept_and_they_are_pruned() {
