@@ -332,6 +332,7 @@ mod tests {
                 serde_json::to_vec(&(n, full)).unwrap().len()
             })
             .sum();
+        eprintln!("the same baselines as the per-node map: {per_node} bytes");
         assert!(
             per_node > 3 * 512 * 1024,
             "the per-node map: {per_node} bytes"
