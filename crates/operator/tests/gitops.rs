@@ -6,7 +6,7 @@
 //! (github.com/yuin/gopher-lua, set up as Argo CD does), and Flux's kstatus
 //! (sigs.k8s.io/cli-utils).
 //!
-//! Expected (the status semantics of README "GitOps"):
+//! Expected (the status semantics of docs/gitops.md):
 //!
 //! | case                      | Argo CD     | kstatus    |
 //! |---------------------------|-------------|------------|
@@ -305,7 +305,7 @@ async fn argo_cd_health_and_kstatus_of_real_objects_in_every_phase() -> anyhow::
         .filter_map(|m| m.manager.clone())
         .collect();
     eprintln!("managers of the DaemonSet's spec.updateStrategy: {writers:?}");
-    // The README tells Argo CD users to ignore what the operator writes on the
+    // docs/gitops.md tells Argo CD users to ignore what the operator writes on the
     // DaemonSet with `managedFieldsManagers: [saferollout-operator]`.
     assert!(
         writers.iter().any(|m| m == "saferollout-operator"),

@@ -48,7 +48,7 @@ pub fn watch_key(
     )
 }
 
-/// `status -o json|yaml`: the shape scripts read (documented in the README).
+/// `status -o json|yaml`: the shape scripts read (documented in docs/cli.md).
 /// Field names and meanings are stable; new fields may be added. Stage
 /// numbers are 1-based, as in the table; times are RFC 3339 in UTC.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

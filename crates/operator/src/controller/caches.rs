@@ -229,7 +229,7 @@ pub enum InitialList {
     /// served from the API server's watch cache. The operator decodes and
     /// prunes one object at a time and never holds a page of whole objects:
     /// at 1,000 nodes its peak RSS is 43 MiB instead of 53 paged (measured
-    /// on the bench's cluster; README, Benchmarks).
+    /// on the bench's cluster; bench/README.md).
     #[default]
     Stream,
     /// Paginated LISTs (500 objects a page, quorum reads), then a watch: for
