@@ -121,6 +121,8 @@ fn leaf() -> impl Strategy<Value = Value> {
             json!("allocatable"),
             json!("podsReady"),
             json!("example.com/gpu"),
+            json!("baseline"),
+            json!("capacityLabel:gpu.count"),
             json!("1970-01-01T00:00:00Z"),
             json!("2027-01-15T08:00:00Z"),
             json!("0001-01-01T00:00:00Z"),
@@ -191,6 +193,9 @@ fn replacement() -> impl Strategy<Value = Replacement> {
             "True",
             "False",
             "Unknown",
+            "baseline",
+            "capacityLabel:gpu.count",
+            "capacityLabel:",
         ])
         .prop_map(str::to_string),
         "[ -~]{0,12}",
@@ -346,7 +351,11 @@ fn change() -> impl Strategy<Value = Change> {
         any::<usize>().prop_map(Change::RemovePod),
         (
             any::<usize>(),
-            prop::sample::select(vec!["saferollout.dev/stage", "saferollout.dev/rollout"]),
+            prop::sample::select(vec![
+                "saferollout.dev/stage",
+                "saferollout.dev/rollout",
+                "gpu.count",
+            ]),
             text.clone()
         )
             .prop_map(|(i, k, v)| Change::Label(i, k.to_string(), v)),
