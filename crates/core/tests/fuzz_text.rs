@@ -50,9 +50,15 @@ fn text() -> impl Strategy<Value = String> {
 }
 
 /// A word that stands apart from its neighbours: no quote, no separator a
-/// secret pattern ends on, so it neither opens nor closes a value.
+/// secret pattern ends on, so it neither opens nor closes a value; some are
+/// secret keys waiting for a value (`password:`), as the fuzz target found
+/// one before another secret's key.
 fn word() -> impl Strategy<Value = String> {
-    "[A-Za-z0-9_.:/@-]{0,12}"
+    prop_oneof![
+        3 => "[A-Za-z0-9_.:/@-]{0,12}",
+        1 => prop::sample::select(vec!["password:", "token=", "LICENSE_KEY:", "api_key:", "sig="])
+            .prop_map(str::to_string),
+    ]
 }
 
 /// The first run of 8 characters of `secret` found in `masked` that the

@@ -127,7 +127,7 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
             // secret; a quoted value is masked whole (spaces included).
             (
                 r#"(?i)\b([a-z0-9_.-]*(?:token|password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|license[_-]?key|signature|sig|accountkey|sharedaccesskey))(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s"',;&]+)"#,
-                "$1$2***",
+                KEY_VALUE,
             ),
             // Anything before @ in a URL's authority: user:password@, token@.
             (r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@", "$1***@"),
@@ -148,6 +148,9 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
     })
 }
 
+/// The replacement of the `key=value` pattern, applied by [`mask_key_values`].
+const KEY_VALUE: &str = "$1$2***";
+
 /// Masks what looks like a credential (see [`secret_patterns`]): header and
 /// `key=value` secrets, URL userinfo, well-known token formats, private
 /// keys and PEM bodies.
@@ -155,7 +158,11 @@ pub fn mask_secrets(text: &str) -> String {
     let mut out = text.to_string();
     for (re, replacement) in secret_patterns() {
         if re.is_match(&out) {
-            out = re.replace_all(&out, *replacement).into_owned();
+            out = if *replacement == KEY_VALUE {
+                mask_key_values(re, &out)
+            } else {
+                re.replace_all(&out, *replacement).into_owned()
+            };
         }
     }
     if out.lines().any(is_key_material) {
@@ -165,6 +172,38 @@ pub fn mask_secrets(text: &str) -> String {
             .collect::<Vec<_>>()
             .join("\n");
     }
+    out
+}
+
+/// The `key=value` pattern's replacement, except where a key's value is
+/// itself the next secret's key: in `"password": LICENSE_KEY: 1234-ABCD`
+/// (found by fuzzing, from `"password": ` at the end of a line followed by
+/// a line `LICENSE_KEY: ...`, which `clean_line` joins), the value of
+/// `password` is `LICENSE_KEY:`, and masking it hid the key whose value
+/// followed, which stayed in clear. A value where the pattern matches
+/// again, reaching beyond it (a key, its separator and its own value), is
+/// kept, and the scan goes on from there; a value the pattern matches
+/// within (`password=token=abc`) is masked whole as before.
+fn mask_key_values(re: &Regex, text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(c) = re.captures_at(text, at) {
+        let (whole, value) = (c.get(0).expect("a match"), c.get(3).expect("a value"));
+        let is_key = re
+            .find_at(text, value.start())
+            .is_some_and(|next| next.start() == value.start() && next.end() > value.end());
+        if is_key {
+            out.push_str(&text[at..value.start()]);
+            at = value.start();
+            continue;
+        }
+        out.push_str(&text[at..whole.start()]);
+        out.push_str(&c[1]);
+        out.push_str(&c[2]);
+        out.push_str("***");
+        at = whole.end();
+    }
+    out.push_str(&text[at..]);
     out
 }
 
@@ -375,6 +414,33 @@ mod tests {
             assert!(!lines.contains("MIIEpAIBAAKCAQEA"), "{lines}");
             assert!(!lines.contains("VTLw7onLRnrq0"), "{lines}");
         }
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/mask_secrets.rs): a key whose
+    /// value is the next secret's key (here across a line break, which
+    /// `clean_line` makes a space) left that secret in clear.
+    #[test]
+    fn a_secret_key_right_after_another_key_is_masked() {
+        let input = "\0p@h/ \"pa\"pama@h/* \"password\": \nLICENSE_KEY: 1234-ABCD-5678-EFGH\n";
+        for masked in [
+            mask_secrets(input),
+            clean_line(input),
+            clean_lines(input, 5),
+            clean_line("password: LICENSE_KEY: 1234-ABCD-5678-EFGH"),
+            clean_line("token= password=hunter2-correct-horse"),
+            clean_line("password: aws_secret_access_key = hunter2-correct-horse"),
+        ] {
+            assert!(!masked.contains("1234-ABCD"), "{masked}");
+            assert!(!masked.contains("hunter2"), "{masked}");
+        }
+        assert_eq!(
+            clean_line("password: LICENSE_KEY: 1234-ABCD-5678-EFGH"),
+            "password: LICENSE_KEY: ***"
+        );
+        // A value ending in '=' that is no key is masked as before.
+        assert_eq!(clean_line("token=c2VjcmV0= next"), "token=*** next");
+        assert_eq!(clean_line("password=mytoken="), "password=***");
+        assert_eq!(clean_line("password=token=abc"), "password=***");
     }
 
     #[test]
