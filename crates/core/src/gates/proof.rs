@@ -122,7 +122,7 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
             // Cookies: the rest of the header.
             (r#"(?i)\b((?:set-)?cookie["']?\s*:\s*)[^\r\n]*"#, "$1***"),
             // Bearer/Basic credentials anywhere.
-            (r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", "$1 ***"),
+            (r"(?i)\b(bearer|basic)\s+([A-Za-z0-9._~+/=-]+)", BEARER),
             // key=value / key: value / "key": "value" where the key names a
             // secret; a quoted value is masked whole (spaces included).
             (
@@ -148,20 +148,30 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
     })
 }
 
-/// The replacement of the `key=value` pattern, applied by [`mask_key_values`].
+/// The replacements of the `key=value` and bearer patterns, applied by
+/// [`mask_unless_key`].
 const KEY_VALUE: &str = "$1$2***";
+const BEARER: &str = "$1 ***";
 
 /// Masks what looks like a credential (see [`secret_patterns`]): header and
 /// `key=value` secrets, URL userinfo, well-known token formats, private
 /// keys and PEM bodies.
 pub fn mask_secrets(text: &str) -> String {
     let mut out = text.to_string();
-    for (re, replacement) in secret_patterns() {
+    let patterns = secret_patterns();
+    let key_value = &patterns
+        .iter()
+        .find(|(_, r)| *r == KEY_VALUE)
+        .expect("a key=value pattern")
+        .0;
+    for (re, replacement) in patterns {
         if re.is_match(&out) {
-            out = if *replacement == KEY_VALUE {
-                mask_key_values(re, &out)
-            } else {
-                re.replace_all(&out, *replacement).into_owned()
+            out = match *replacement {
+                KEY_VALUE => {
+                    mask_unless_key(re, &out, 3, key_value, |c| format!("{}{}***", &c[1], &c[2]))
+                }
+                BEARER => mask_unless_key(re, &out, 2, key_value, |c| format!("{} ***", &c[1])),
+                _ => re.replace_all(&out, *replacement).into_owned(),
             };
         }
     }
@@ -175,32 +185,37 @@ pub fn mask_secrets(text: &str) -> String {
     out
 }
 
-/// The `key=value` pattern's replacement, except where a key's value is
-/// itself the next secret's key: in `"password": LICENSE_KEY: 1234-ABCD`
-/// (found by fuzzing, from `"password": ` at the end of a line followed by
-/// a line `LICENSE_KEY: ...`, which `clean_line` joins), the value of
-/// `password` is `LICENSE_KEY:`, and masking it hid the key whose value
-/// followed, which stayed in clear. A value where the pattern matches
-/// again, reaching beyond it (a key, its separator and its own value), is
-/// kept, and the scan goes on from there; a value the pattern matches
-/// within (`password=token=abc`) is masked whole as before.
-fn mask_key_values(re: &Regex, text: &str) -> String {
+/// `re`'s replacement (`masked`), except where the value it masks (group
+/// `value`) is itself the next secret's key: in `"password": LICENSE_KEY:
+/// 1234-ABCD` (found by fuzzing, from `"password": ` at the end of a line
+/// followed by a line `LICENSE_KEY: ...`, which `clean_line` joins), the
+/// value of `password` is `LICENSE_KEY:`, and masking it hid the key whose
+/// value followed, which stayed in clear; `Bearer passphrase='open sesame'`
+/// did the same through the bearer pattern. A value where the `key=value`
+/// pattern matches, reaching beyond it (a key, its separator and its own
+/// value), is kept, and the scan goes on from there; a value that pattern
+/// matches within (`password=token=abc`) is masked whole as before.
+fn mask_unless_key(
+    re: &Regex,
+    text: &str,
+    value: usize,
+    key_value: &Regex,
+    masked: impl Fn(&regex::Captures) -> String,
+) -> String {
     let mut out = String::with_capacity(text.len());
     let mut at = 0;
     while let Some(c) = re.captures_at(text, at) {
-        let (whole, value) = (c.get(0).expect("a match"), c.get(3).expect("a value"));
-        let is_key = re
-            .find_at(text, value.start())
-            .is_some_and(|next| next.start() == value.start() && next.end() > value.end());
+        let (whole, v) = (c.get(0).expect("a match"), c.get(value).expect("a value"));
+        let is_key = key_value
+            .find_at(text, v.start())
+            .is_some_and(|next| next.start() == v.start() && next.end() > v.end());
         if is_key {
-            out.push_str(&text[at..value.start()]);
-            at = value.start();
+            out.push_str(&text[at..v.start()]);
+            at = v.start();
             continue;
         }
         out.push_str(&text[at..whole.start()]);
-        out.push_str(&c[1]);
-        out.push_str(&c[2]);
-        out.push_str("***");
+        out.push_str(&masked(&c));
         at = whole.end();
     }
     out.push_str(&text[at..]);
@@ -429,6 +444,11 @@ mod tests {
             clean_line("password: LICENSE_KEY: 1234-ABCD-5678-EFGH"),
             clean_line("token= password=hunter2-correct-horse"),
             clean_line("password: aws_secret_access_key = hunter2-correct-horse"),
+            // Found by the same target: the bearer pattern did it too.
+            mask_secrets(
+                "token=/_n: Bearer\npassphrase='open sesame 1234' for the key\n\n6\0-\u{2}\0\0\0\0c th",
+            ),
+            clean_line("Bearer passphrase='1234-ABCD' for the key"),
         ] {
             assert!(!masked.contains("1234-ABCD"), "{masked}");
             assert!(!masked.contains("hunter2"), "{masked}");
@@ -441,6 +461,12 @@ mod tests {
         assert_eq!(clean_line("token=c2VjcmV0= next"), "token=*** next");
         assert_eq!(clean_line("password=mytoken="), "password=***");
         assert_eq!(clean_line("password=token=abc"), "password=***");
+        assert!(!clean_line("Bearer passphrase='open sesame 1234'").contains("sesame"));
+        assert_eq!(
+            clean_line("Authorization: Bearer abc.def"),
+            "Authorization: ***"
+        );
+        assert_eq!(clean_line("got bearer abc.def"), "got bearer ***");
     }
 
     #[test]
