@@ -117,7 +117,7 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
             // Token, Digest, AWS4-HMAC-SHA256 ...): the whole value.
             (
                 r#"(?i)\b((?:proxy-)?authorization["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\r\n]*)"#,
-                "$1***",
+                AUTHORIZATION,
             ),
             // Cookies: the rest of the header.
             (r#"(?i)\b((?:set-)?cookie["']?\s*:\s*)[^\r\n]*"#, "$1***"),
@@ -152,6 +152,8 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
 /// [`mask_unless_key`].
 const KEY_VALUE: &str = "$1$2***";
 const BEARER: &str = "$1 ***";
+// The same as the cookie pattern's "$1***", written apart to tell them apart.
+const AUTHORIZATION: &str = "${1}***";
 
 /// Masks what looks like a credential (see [`secret_patterns`]): header and
 /// `key=value` secrets, URL userinfo, well-known token formats, private
@@ -171,6 +173,9 @@ pub fn mask_secrets(text: &str) -> String {
                     mask_unless_key(re, &out, 3, key_value, |c| format!("{}{}***", &c[1], &c[2]))
                 }
                 BEARER => mask_unless_key(re, &out, 2, key_value, |c| format!("{} ***", &c[1])),
+                AUTHORIZATION => {
+                    mask_unless_key(re, &out, 2, key_value, |c| format!("{}***", &c[1]))
+                }
                 _ => re.replace_all(&out, *replacement).into_owned(),
             };
         }
@@ -214,9 +219,27 @@ fn mask_unless_key(
             at = v.start();
             continue;
         }
+        // A key=value match that starts inside the masked value and ends
+        // beyond it is masked through its end too: a quoted value whose
+        // quote was not closed (`"password": "x db password="secret"`,
+        // also found by fuzzing) ends at the next secret's opening quote.
+        let mut end = whole.end();
+        let mut from = v.start() + 1;
+        while let Some(next) = text
+            .get(from..)
+            .is_some()
+            .then(|| key_value.find_at(text, from))
+            .flatten()
+        {
+            if next.start() >= end {
+                break;
+            }
+            end = end.max(next.end());
+            from = next.end();
+        }
         out.push_str(&text[at..whole.start()]);
         out.push_str(&masked(&c));
-        at = whole.end();
+        at = end;
     }
     out.push_str(&text[at..]);
     out
@@ -449,6 +472,11 @@ mod tests {
                 "token=/_n: Bearer\npassphrase='open sesame 1234' for the key\n\n6\0-\u{2}\0\0\0\0c th",
             ),
             clean_line("Bearer passphrase='1234-ABCD' for the key"),
+            // And an unclosed quote before a secret's quoted value.
+            mask_secrets(
+                "\u{c}EEEEE\u{5}https://u:p@h/ \"password\": \"\u{1b}[0mEEEE\u{c}\u{12}\u{c}\ndb password=\"hunter2 correct horse\" host=db\n",
+            ),
+            clean_line("Authorization: \"x LICENSE_KEY=\"1234-ABCD\" y"),
         ] {
             assert!(!masked.contains("1234-ABCD"), "{masked}");
             assert!(!masked.contains("hunter2"), "{masked}");
