@@ -223,8 +223,13 @@ fn mask_unless_key(
         // beyond it is masked through its end too: a quoted value whose
         // quote was not closed (`"password": "x db password="secret"`,
         // also found by fuzzing) ends at the next secret's opening quote.
+        // Each match found so is looked into the same way (it may have
+        // swallowed the key of the next one). At most 64 of them: beyond,
+        // the rest of the text is masked, so a line built of such keys
+        // costs no more than that.
         let mut end = whole.end();
         let mut from = v.start() + 1;
+        let mut looked = 0;
         while let Some(next) = text
             .get(from..)
             .is_some()
@@ -234,8 +239,13 @@ fn mask_unless_key(
             if next.start() >= end {
                 break;
             }
+            looked += 1;
+            if looked > 64 {
+                end = text.len();
+                break;
+            }
             end = end.max(next.end());
-            from = next.end();
+            from = next.start() + 1;
         }
         out.push_str(&text[at..whole.start()]);
         out.push_str(&masked(&c));
@@ -477,6 +487,11 @@ mod tests {
                 "\u{c}EEEEE\u{5}https://u:p@h/ \"password\": \"\u{1b}[0mEEEE\u{c}\u{12}\u{c}\ndb password=\"hunter2 correct horse\" host=db\n",
             ),
             clean_line("Authorization: \"x LICENSE_KEY=\"1234-ABCD\" y"),
+            // Through a match found inside a masked value, which swallowed
+            // the next key in turn.
+            mask_secrets(
+                "\0iEE\0tkken=abc Authorization: Be\u{5}httD=*** reEEm\u{c}bsA\0\0bC4\0password\": \"\u{1b}\u{c}\ndb password=\"hunter2 correct horse\" host=db\n\no\n",
+            ),
         ] {
             assert!(!masked.contains("1234-ABCD"), "{masked}");
             assert!(!masked.contains("hunter2"), "{masked}");
@@ -495,6 +510,10 @@ mod tests {
             "Authorization: ***"
         );
         assert_eq!(clean_line("got bearer abc.def"), "got bearer ***");
+        // Many keys in a row: bounded work, everything after masked.
+        let keys = "password=\"".repeat(10_000);
+        let masked = clean_line(&format!("x {keys}hunter2"));
+        assert!(!masked.contains("hunter2"), "{masked}");
     }
 
     #[test]
