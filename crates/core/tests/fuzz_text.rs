@@ -64,12 +64,21 @@ fn word() -> impl Strategy<Value = String> {
 /// The first run of 8 characters of `secret` found in `masked` that the
 /// text around the planted line (`around`) does not hold itself (random
 /// text may, rarely, hold a piece of a planted secret: not a leak).
+/// (Nor once cleaning made its control characters spaces.)
 fn leaks(secret: &str, masked: &str, around: &str) -> Option<String> {
+    let cleaned: String = around
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     let chars: Vec<char> = secret.chars().collect();
     chars
         .windows(8.min(chars.len()))
         .map(|w| w.iter().collect::<String>())
-        .find(|w| masked.contains(w.as_str()) && !around.contains(w.as_str()))
+        .find(|w| {
+            masked.contains(w.as_str())
+                && !around.contains(w.as_str())
+                && !cleaned.contains(w.as_str())
+        })
 }
 
 /// One line of each built-in pattern set's fatal messages, as the agents
