@@ -166,15 +166,24 @@ pub fn mask_secrets(text: &str) -> String {
         .find(|(_, r)| *r == KEY_VALUE)
         .expect("a key=value pattern")
         .0;
+    // What a masked value may have swallowed the start of: a key=value or
+    // an Authorization or Cookie header (see `mask_unless_key`).
+    let nested: Vec<&Regex> = patterns
+        .iter()
+        .filter(|(_, r)| [KEY_VALUE, AUTHORIZATION, "$1***"].contains(r))
+        .map(|(re, _)| re)
+        .collect();
     for (re, replacement) in patterns {
         if re.is_match(&out) {
             out = match *replacement {
-                KEY_VALUE => {
-                    mask_unless_key(re, &out, 3, key_value, |c| format!("{}{}***", &c[1], &c[2]))
-                }
-                BEARER => mask_unless_key(re, &out, 2, key_value, |c| format!("{} ***", &c[1])),
+                KEY_VALUE => mask_unless_key(re, &out, 3, key_value, &nested, |c| {
+                    format!("{}{}***", &c[1], &c[2])
+                }),
+                BEARER => mask_unless_key(re, &out, 2, key_value, &nested, |c| {
+                    format!("{} ***", &c[1])
+                }),
                 AUTHORIZATION => {
-                    mask_unless_key(re, &out, 2, key_value, |c| format!("{}***", &c[1]))
+                    mask_unless_key(re, &out, 2, key_value, &nested, |c| format!("{}***", &c[1]))
                 }
                 _ => re.replace_all(&out, *replacement).into_owned(),
             };
@@ -205,6 +214,7 @@ fn mask_unless_key(
     text: &str,
     value: usize,
     key_value: &Regex,
+    nested: &[&Regex],
     masked: impl Fn(&regex::Captures) -> String,
 ) -> String {
     let mut out = String::with_capacity(text.len());
@@ -219,8 +229,9 @@ fn mask_unless_key(
             at = v.start();
             continue;
         }
-        // A key=value match that starts inside the masked value and ends
-        // beyond it is masked through its end too: a quoted value whose
+        // A key=value (or Authorization, Cookie) match that starts inside
+        // the masked value and ends beyond it is masked through its end
+        // too: a quoted value whose
         // quote was not closed (`"password": "x db password="secret"`,
         // also found by fuzzing) ends at the next secret's opening quote.
         // Each match found so is looked into the same way (it may have
@@ -230,11 +241,11 @@ fn mask_unless_key(
         let mut end = whole.end();
         let mut from = v.start() + 1;
         let mut looked = 0;
-        while let Some(next) = text
-            .get(from..)
-            .is_some()
-            .then(|| key_value.find_at(text, from))
-            .flatten()
+        while let Some(next) = nested
+            .iter()
+            .filter(|_| from <= text.len())
+            .filter_map(|re| re.find_at(text, from))
+            .min_by_key(|m| m.start())
         {
             if next.start() >= end {
                 break;
@@ -487,6 +498,13 @@ mod tests {
                 "\u{c}EEEEE\u{5}https://u:p@h/ \"password\": \"\u{1b}[0mEEEE\u{c}\u{12}\u{c}\ndb password=\"hunter2 correct horse\" host=db\n",
             ),
             clean_line("Authorization: \"x LICENSE_KEY=\"1234-ABCD\" y"),
+            // A header swallowed by an unclosed quote.
+            clean_line(
+                "Authorization: \"p W rizo\nproxy-authorization: Digest username=\"u\", response=\"1234-ABCD\"",
+            ),
+            mask_secrets(
+                "*\0\0gho_yJzdAuthorization: \"p \0\0B\0\0p\0\u{1a}tkken=abc Authorization: \"p W\0\0B\0rizo\nproxy-authorization: Digest username=\"u\", response=\"1234-ABCD\"\n\n\nokie:KE\0",
+            ),
             // Through a match found inside a masked value, which swallowed
             // the next key in turn.
             mask_secrets(
