@@ -52,6 +52,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
     let bytes = input.as_bytes();
     let mut i = 0;
     let mut total: u128 = 0;
+    let mut overflowed = false;
     while i < bytes.len() {
         // Whole part.
         let start = i;
@@ -94,21 +95,33 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
             i += 1;
             unit
         };
-        let whole: u128 = whole.parse().map_err(|_| overflow())?;
-        let mut term = whole.checked_mul(unit).ok_or_else(overflow)?;
-        // Fraction: digits beyond 1ns precision of the hour unit (13 digits) add nothing.
-        let frac = &frac[..frac.len().min(20)];
-        if !frac.is_empty() {
-            let digits: u128 = frac.parse().map_err(|_| overflow())?;
-            let scale = 10u128.pow(frac.len() as u32);
-            term = term
-                .checked_add(digits * unit / scale)
-                .ok_or_else(overflow)?;
+        // A term too large is reported once the whole input is known to be
+        // in the grammar: found by fuzzing, "340300000000000000000000000000s0"
+        // was an Overflow, not Malformed (the schema refuses it).
+        match term_nanos(whole, frac, unit).and_then(|t| total.checked_add(t)) {
+            Some(t) => total = t,
+            None => overflowed = true,
         }
-        total = total.checked_add(term).ok_or_else(overflow)?;
+    }
+    if overflowed {
+        return Err(overflow());
     }
     let secs = u64::try_from(total / NANOS_PER_S).map_err(|_| overflow())?;
     Ok(Duration::new(secs, (total % NANOS_PER_S) as u32))
+}
+
+/// Nanoseconds of one term (`whole.frac` of `unit`), `None` beyond `u128`.
+fn term_nanos(whole: &str, frac: &str, unit: u128) -> Option<u128> {
+    let whole: u128 = whole.parse().ok()?;
+    let mut term = whole.checked_mul(unit)?;
+    // Fraction: digits beyond 1ns precision of the hour unit (13 digits) add nothing.
+    let frac = &frac[..frac.len().min(20)];
+    if !frac.is_empty() {
+        let digits: u128 = frac.parse().ok()?;
+        let scale = 10u128.pow(frac.len() as u32);
+        term = term.checked_add(digits * unit / scale)?;
+    }
+    Some(term)
 }
 
 /// Formats a duration in the manifest grammar, e.g. `1h30m`, `45s`, `1s500ms`
@@ -268,6 +281,23 @@ mod tests {
             parse_duration("9999999999999999999h"),
             Err(DurationError::Overflow(_))
         ));
+    }
+
+    /// Found by fuzzing (crates/api/tests/fuzz.rs): a term too large
+    /// followed by text outside the grammar is Malformed, as the schema
+    /// refuses it, not Overflow.
+    #[test]
+    fn malformed_after_an_overflowing_term() {
+        for bad in [
+            "340300000000000000000000000000s0",
+            "99999999999999999999999999999999999999999hx",
+        ] {
+            assert!(
+                matches!(parse_duration(bad), Err(DurationError::Malformed { .. })),
+                "{bad:?}: {:?}",
+                parse_duration(bad)
+            );
+        }
     }
 
     #[test]

@@ -122,17 +122,17 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
             // Token, Digest, AWS4-HMAC-SHA256 ...): the whole value.
             (
                 r#"(?i)\b((?:proxy-)?authorization["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\r\n]*)"#,
-                "$1***",
+                AUTHORIZATION,
             ),
             // Cookies: the rest of the header.
             (r#"(?i)\b((?:set-)?cookie["']?\s*:\s*)[^\r\n]*"#, "$1***"),
             // Bearer/Basic credentials anywhere.
-            (r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", "$1 ***"),
+            (r"(?i)\b(bearer|basic)\s+([A-Za-z0-9._~+/=-]+)", BEARER),
             // key=value / key: value / "key": "value" where the key names a
             // secret; a quoted value is masked whole (spaces included).
             (
                 r#"(?i)\b([a-z0-9_.-]*(?:token|password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|license[_-]?key|signature|sig|accountkey|sharedaccesskey))(["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s"',;&]+)"#,
-                "$1$2***",
+                KEY_VALUE,
             ),
             // Anything before @ in a URL's authority: user:password@, token@.
             (r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@", "$1***@"),
@@ -153,14 +153,45 @@ fn secret_patterns() -> &'static [(Regex, &'static str)] {
     })
 }
 
+/// The replacements of the `key=value` and bearer patterns, applied by
+/// [`mask_unless_key`].
+const KEY_VALUE: &str = "$1$2***";
+const BEARER: &str = "$1 ***";
+// The same as the cookie pattern's "$1***", written apart to tell them apart.
+const AUTHORIZATION: &str = "${1}***";
+
 /// Masks what looks like a credential (see [`secret_patterns`]): header and
 /// `key=value` secrets, URL userinfo, well-known token formats, private
 /// keys and PEM bodies.
 pub fn mask_secrets(text: &str) -> String {
     let mut out = text.to_string();
-    for (re, replacement) in secret_patterns() {
+    let patterns = secret_patterns();
+    let key_value = &patterns
+        .iter()
+        .find(|(_, r)| *r == KEY_VALUE)
+        .expect("a key=value pattern")
+        .0;
+    // What a masked value may have swallowed the start of: a key=value or
+    // an Authorization or Cookie header (see `mask_unless_key`).
+    let nested: Vec<&Regex> = patterns
+        .iter()
+        .filter(|(_, r)| [KEY_VALUE, AUTHORIZATION, "$1***"].contains(r))
+        .map(|(re, _)| re)
+        .collect();
+    for (re, replacement) in patterns {
         if re.is_match(&out) {
-            out = re.replace_all(&out, *replacement).into_owned();
+            out = match *replacement {
+                KEY_VALUE => mask_unless_key(re, &out, 3, key_value, &nested, |c| {
+                    format!("{}{}***", &c[1], &c[2])
+                }),
+                BEARER => mask_unless_key(re, &out, 2, key_value, &nested, |c| {
+                    format!("{} ***", &c[1])
+                }),
+                AUTHORIZATION => {
+                    mask_unless_key(re, &out, 2, key_value, &nested, |c| format!("{}***", &c[1]))
+                }
+                _ => re.replace_all(&out, *replacement).into_owned(),
+            };
         }
     }
     if out.lines().any(is_key_material) {
@@ -170,6 +201,73 @@ pub fn mask_secrets(text: &str) -> String {
             .collect::<Vec<_>>()
             .join("\n");
     }
+    out
+}
+
+/// `re`'s replacement (`masked`), except where the value it masks (group
+/// `value`) is itself the next secret's key: in `"password": LICENSE_KEY:
+/// 1234-ABCD` (found by fuzzing, from `"password": ` at the end of a line
+/// followed by a line `LICENSE_KEY: ...`, which `clean_line` joins), the
+/// value of `password` is `LICENSE_KEY:`, and masking it hid the key whose
+/// value followed, which stayed in clear; `Bearer passphrase='open sesame'`
+/// did the same through the bearer pattern. A value where the `key=value`
+/// pattern matches, reaching beyond it (a key, its separator and its own
+/// value), is kept, and the scan goes on from there; a value that pattern
+/// matches within (`password=token=abc`) is masked whole as before.
+fn mask_unless_key(
+    re: &Regex,
+    text: &str,
+    value: usize,
+    key_value: &Regex,
+    nested: &[&Regex],
+    masked: impl Fn(&regex::Captures) -> String,
+) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(c) = re.captures_at(text, at) {
+        let (whole, v) = (c.get(0).expect("a match"), c.get(value).expect("a value"));
+        let is_key = key_value
+            .find_at(text, v.start())
+            .is_some_and(|next| next.start() == v.start() && next.end() > v.end());
+        if is_key {
+            out.push_str(&text[at..v.start()]);
+            at = v.start();
+            continue;
+        }
+        // A key=value (or Authorization, Cookie) match that starts inside
+        // the masked value and ends beyond it is masked through its end
+        // too: a quoted value whose
+        // quote was not closed (`"password": "x db password="secret"`,
+        // also found by fuzzing) ends at the next secret's opening quote.
+        // Each match found so is looked into the same way (it may have
+        // swallowed the key of the next one). At most 64 of them: beyond,
+        // the rest of the text is masked, so a line built of such keys
+        // costs no more than that.
+        let mut end = whole.end();
+        let mut from = v.start() + 1;
+        let mut looked = 0;
+        while let Some(next) = nested
+            .iter()
+            .filter(|_| from <= text.len())
+            .filter_map(|re| re.find_at(text, from))
+            .min_by_key(|m| m.start())
+        {
+            if next.start() >= end {
+                break;
+            }
+            looked += 1;
+            if looked > 64 {
+                end = text.len();
+                break;
+            }
+            end = end.max(next.end());
+            from = next.start() + 1;
+        }
+        out.push_str(&text[at..whole.start()]);
+        out.push_str(&masked(&c));
+        at = end;
+    }
+    out.push_str(&text[at..]);
     out
 }
 
@@ -380,6 +478,65 @@ mod tests {
             assert!(!lines.contains("MIIEpAIBAAKCAQEA"), "{lines}");
             assert!(!lines.contains("VTLw7onLRnrq0"), "{lines}");
         }
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/mask_secrets.rs): a key whose
+    /// value is the next secret's key (here across a line break, which
+    /// `clean_line` makes a space) left that secret in clear.
+    #[test]
+    fn a_secret_key_right_after_another_key_is_masked() {
+        let input = "\0p@h/ \"pa\"pama@h/* \"password\": \nLICENSE_KEY: 1234-ABCD-5678-EFGH\n";
+        for masked in [
+            mask_secrets(input),
+            clean_line(input),
+            clean_lines(input, 5),
+            clean_line("password: LICENSE_KEY: 1234-ABCD-5678-EFGH"),
+            clean_line("token= password=hunter2-correct-horse"),
+            clean_line("password: aws_secret_access_key = hunter2-correct-horse"),
+            // Found by the same target: the bearer pattern did it too.
+            mask_secrets(
+                "token=/_n: Bearer\npassphrase='open sesame 1234' for the key\n\n6\0-\u{2}\0\0\0\0c th",
+            ),
+            clean_line("Bearer passphrase='1234-ABCD' for the key"),
+            // And an unclosed quote before a secret's quoted value.
+            mask_secrets(
+                "\u{c}EEEEE\u{5}https://u:p@h/ \"password\": \"\u{1b}[0mEEEE\u{c}\u{12}\u{c}\ndb password=\"hunter2 correct horse\" host=db\n",
+            ),
+            clean_line("Authorization: \"x LICENSE_KEY=\"1234-ABCD\" y"),
+            // A header swallowed by an unclosed quote.
+            clean_line(
+                "Authorization: \"p W rizo\nproxy-authorization: Digest username=\"u\", response=\"1234-ABCD\"",
+            ),
+            mask_secrets(
+                "*\0\0gho_yJzdAuthorization: \"p \0\0B\0\0p\0\u{1a}tkken=abc Authorization: \"p W\0\0B\0rizo\nproxy-authorization: Digest username=\"u\", response=\"1234-ABCD\"\n\n\nokie:KE\0",
+            ),
+            // Through a match found inside a masked value, which swallowed
+            // the next key in turn.
+            mask_secrets(
+                "\0iEE\0tkken=abc Authorization: Be\u{5}httD=*** reEEm\u{c}bsA\0\0bC4\0password\": \"\u{1b}\u{c}\ndb password=\"hunter2 correct horse\" host=db\n\no\n",
+            ),
+        ] {
+            assert!(!masked.contains("1234-ABCD"), "{masked}");
+            assert!(!masked.contains("hunter2"), "{masked}");
+        }
+        assert_eq!(
+            clean_line("password: LICENSE_KEY: 1234-ABCD-5678-EFGH"),
+            "password: LICENSE_KEY: ***"
+        );
+        // A value ending in '=' that is no key is masked as before.
+        assert_eq!(clean_line("token=c2VjcmV0= next"), "token=*** next");
+        assert_eq!(clean_line("password=mytoken="), "password=***");
+        assert_eq!(clean_line("password=token=abc"), "password=***");
+        assert!(!clean_line("Bearer passphrase='open sesame 1234'").contains("sesame"));
+        assert_eq!(
+            clean_line("Authorization: Bearer abc.def"),
+            "Authorization: ***"
+        );
+        assert_eq!(clean_line("got bearer abc.def"), "got bearer ***");
+        // Many keys in a row: bounded work, everything after masked.
+        let keys = "password=\"".repeat(10_000);
+        let masked = clean_line(&format!("x {keys}hunter2"));
+        assert!(!masked.contains("hunter2"), "{masked}");
     }
 
     #[test]
