@@ -15,7 +15,7 @@ use saferollout_api::{ROLLOUT_LABEL, STAGE_LABEL, SafeRolloutSpec, SafeRolloutSt
 use saferollout_core::gates::Evidence;
 use saferollout_core::limits::AdminLimits;
 use saferollout_core::objects::Quantities;
-use saferollout_core::rollout::{Action, Decision, Observed, Requests};
+use saferollout_core::rollout::{Action, BackupView, Decision, Observed, Requests, backup_name};
 use saferollout_core::views::NodeView;
 use saferollout_core::views::{
     AgentPod, DaemonSetView, NodesByName, Placement, PodsByNode, RolloutLabels,
@@ -185,6 +185,16 @@ impl World {
         };
         let evidence = Evidence::default();
         let limits = AdminLimits::unlimited();
+        // A revision's content hash, as the operator computes it from the
+        // DaemonSet's ControllerRevisions.
+        let content_of = |r: &str| format!("sha256:{r}");
+        let contents: BTreeMap<String, String> = self
+            .revisions
+            .iter()
+            .map(|r| (r.clone(), content_of(r)))
+            .collect();
+        let backup_name = backup_name("plugin", self.backup.as_deref().unwrap_or_default());
+        let backup_content = content_of(self.backup.as_deref().unwrap_or_default());
         let o = Observed {
             spec: &self.spec,
             generation: Some(1),
@@ -198,7 +208,19 @@ impl World {
             preflight: None,
             daemonset: Some(&ds),
             spec_template: None,
-            backup_revision: self.backup.as_deref(),
+            name: "plugin",
+            // As the operator finds it: by the name of status's stable
+            // revision, holding what the world wrote there.
+            backup: self
+                .backup
+                .as_deref()
+                .filter(|b| self.status.stable_revision.as_deref() == Some(*b))
+                .map(|revision| BackupView {
+                    name: &backup_name,
+                    revision,
+                    content: Some(&backup_content),
+                }),
+            revision_contents: &contents,
             pods: &pods,
             nodes: &node_views,
             rollout_id: ROLLOUT_ID,
@@ -228,7 +250,7 @@ impl World {
                 self.generation += 1;
             }
             Action::BackupTemplate { revision } => self.backup = Some(revision.clone()),
-            Action::RestoreLastGood => {
+            Action::RestoreLastGood { .. } => {
                 if let Some(b) = self.backup.clone() {
                     self.write_template(&b);
                 }
