@@ -84,15 +84,22 @@ pub struct DeviceBaselineGroup {
     claims: BTreeMap<String, Vec<String>>,
 }
 
-/// What nodes of one group share.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
+/// What nodes of one group share, as written.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Shape<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pools: Option<&'a [String]>,
     devices: i64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     counters: &'a BTreeMap<String, i64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     capacity: &'a BTreeMap<String, i64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
     taints: &'a [String],
+    #[serde(skip_serializing_if = "is_zero")]
     taints_total: i64,
+    #[serde(skip_serializing_if = "is_zero")]
     claims_total: i64,
 }
 
@@ -110,21 +117,9 @@ fn shape<'a>(node: &str, d: &'a NodeDevices) -> Shape<'a> {
 }
 
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
 struct GroupOut<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pools: Option<&'a [String]>,
-    devices: i64,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    counters: &'a BTreeMap<String, i64>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    capacity: &'a BTreeMap<String, i64>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    taints: &'a [String],
-    #[serde(skip_serializing_if = "is_zero")]
-    taints_total: i64,
-    #[serde(skip_serializing_if = "is_zero")]
-    claims_total: i64,
+    #[serde(flatten)]
+    shape: Shape<'a>,
     nodes: Vec<&'a str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     claims: BTreeMap<&'a str, &'a [String]>,
@@ -145,13 +140,7 @@ pub fn serialize<S: Serializer>(
     for (node, d) in per_node {
         let s = shape(node, d);
         let g = groups.entry(s).or_insert_with(|| GroupOut {
-            pools: shape(node, d).pools,
-            devices: d.devices,
-            counters: &d.counters,
-            capacity: &d.capacity,
-            taints: &d.taints,
-            taints_total: d.taints_total,
-            claims_total: d.claims_total,
+            shape: s,
             nodes: Vec::new(),
             claims: BTreeMap::new(),
         });

@@ -134,6 +134,19 @@ fn spec(env: &Env, image: &str, gates: serde_json::Value) -> serde_json::Value {
 }
 
 /// Rolls out `image` with `gates`, from the adopted v1.
+/// The rollout `plugin` of the agent on V1 with no gate but podsReady, adopted.
+async fn adopt_v1(env: &Env) -> anyhow::Result<()> {
+    create_rollout(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        spec(env, V1, json!({})),
+    )
+    .await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    Ok(())
+}
+
 async fn roll(env: &Env, image: &str, gates: serde_json::Value) -> anyhow::Result<()> {
     let patch = json!({"spec": {"template": env.template(image), "gates": gates}});
     srs(env)
@@ -363,14 +376,7 @@ async fn a_healthy_release_passes_probe_logs_and_prometheus_and_leaves_no_probe_
 -> anyhow::Result<()> {
     let prom = prometheus().await?;
     let env = setup_agent("healthy", false, &allow(&prom)).await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     let (probes, probe_task) = watch_probes(&env);
     let (ends, ends_task) = watch_stage_ends(&env);
 
@@ -493,14 +499,7 @@ async fn a_healthy_release_passes_probe_logs_and_prometheus_and_leaves_no_probe_
 #[tokio::test]
 async fn a_broken_plugin_is_caught_by_the_probe_alone() -> anyhow::Result<()> {
     let env = setup("probe").await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     let broken = "registry.example/plugin:v2-broken";
     // No allocatable gate: only podsReady (which a Ready broken plugin passes) and the probe.
     roll(
@@ -537,14 +536,7 @@ async fn a_broken_plugin_is_caught_by_the_probe_alone() -> anyhow::Result<()> {
 async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks()
 -> anyhow::Result<()> {
     let env = setup("logs").await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     // The agents' logs carry a secret-looking value (the fixture's license token).
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
     let any = pods
@@ -645,14 +637,7 @@ async fn a_fatal_log_line_is_reverted_by_the_logs_gate_alone_and_no_secret_leaks
 #[tokio::test]
 async fn a_fatal_line_after_2_mib_of_noise_fails_the_logs_gate() -> anyhow::Result<()> {
     let env = setup("noisylog").await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     let noisy = "registry.example/plugin:v2-noisyfatal";
     roll(
         &env,
@@ -720,14 +705,7 @@ async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured(
 -> anyhow::Result<()> {
     let prom = prometheus().await?;
     let env = setup_agent("prom", false, &allow(&prom)).await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     let address = format!("http://127.0.0.1:{}", prom.port);
     let broken = "registry.example/plugin:v2-broken";
     roll(
@@ -777,14 +755,7 @@ async fn the_prometheus_gate_fails_and_reverts_and_treats_no_data_as_configured(
 async fn dra_probes_claim_a_device_pass_on_a_healthy_driver_and_fail_on_a_broken_one()
 -> anyhow::Result<()> {
     let env = setup_agent("dra", true, &[]).await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     roll(
         &env,
         "registry.example/plugin:v2",
@@ -926,14 +897,7 @@ async fn prometheus_over_tls_reads_its_ca_and_token_from_secrets_only_when_allow
         &format!("--from-file=ca.crt={}", dir.join("ca.crt").display()),
         &format!("--from-literal=token={token}"),
     ])?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
     let gates = json!({"prometheus": [{"name": "gpu-healthy", "address": address,
         "query": "saferollout_sim_gpu_healthy{node=~\"$STAGE_NODES\"}",
         "condition": "== 1", "interval": "2s", "count": 2,
@@ -1127,14 +1091,7 @@ async fn a_hostile_prometheus_is_inconclusive_bounded_and_never_delays_a_revert(
         ],
     )
     .await?;
-    create_rollout(
-        &env.client,
-        &env.ns.name,
-        "plugin",
-        spec(&env, V1, json!({})),
-    )
-    .await?;
-    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    adopt_v1(&env).await?;
 
     // A healthy release whose two prometheus gates read the hostile servers,
     // with the longest timeout a gate may have; inconclusive: Pause holds
