@@ -222,23 +222,14 @@ pub async fn elect(
     // the lease first) is tried again, backing off, rather than ending the
     // process: before, one injected 500 on the Lease create made the operator
     // exit at start-up (tests/faults.rs).
-    let mut delay = Duration::from_millis(500);
-    let manager = loop {
-        match LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+    let manager = crate::client::retry_passing("reading the leader lease", is_transient, || {
+        LeaseManagerBuilder::new(client.clone(), &config.lease_name)
             .with_namespace(&config.namespace)
             .with_parameters(params.clone())
             .build()
-            .await
-        {
-            Ok(manager) => break manager,
-            Err(e) if is_transient(&e) => {
-                warn!(error = %e, retry_in = ?delay, "reading the leader lease failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-            Err(e) => return Err(explain(e, &config)),
-        }
-    };
+    })
+    .await
+    .map_err(|e| explain(e, &config))?;
     let (mut from_manager, task) = manager.watch().await;
     let (tx, rx) = tokio::sync::watch::channel(false);
 

@@ -75,17 +75,12 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
     // (429, 5xx, a dropped connection) is asked again, backing off, rather
     // than taken as "not served", which would leave the device gates unable
     // to judge (failing at the progress deadline) for the process's life.
-    let mut delay = std::time::Duration::from_millis(500);
-    let group = loop {
-        match kube::discovery::group(client, "resource.k8s.io").await {
-            Err(e) if !is_lasting(&e) => {
-                warn!(error = %e, retry_in = ?delay, "discovering resource.k8s.io failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(10));
-            }
-            other => break other,
-        }
-    };
+    let group = crate::client::retry_passing(
+        "discovering resource.k8s.io",
+        |e| !is_lasting(e),
+        || kube::discovery::group(client, "resource.k8s.io"),
+    )
+    .await;
     let group = match group {
         Ok(g) => g,
         Err(e) => {
