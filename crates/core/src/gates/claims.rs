@@ -30,7 +30,7 @@ use saferollout_api::{
 use super::proof::clean_line;
 use super::{Snapshot, Verdict, elapsed, list_some, result};
 use crate::devices::{
-    DeviceEvidence, OTHER_CLAIM_PREFIX, claim_key, claim_node, claim_uses_driver, failure_message,
+    DeviceEvidence, OTHER_CLAIM_PREFIX, claim_node, claim_uses_driver, failure_message,
     is_allocated, is_deleting, is_reserved, is_terminal, phase, pod_claim_names,
 };
 
@@ -144,10 +144,7 @@ fn lost_claims(
         return Vec::new();
     };
     let mut lost = Vec::new();
-    for key in &baseline_claims(gate, ev, base, node) {
-        let Some(claim) = find_claim(ev, node, key) else {
-            continue; // deleted by its user
-        };
+    for claim in baseline_claims(gate, ev, base, node) {
         let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let own = ns == ev.namespace;
@@ -205,32 +202,37 @@ fn lost_claims(
     lost
 }
 
-/// The claim a baseline key names: `<namespace>/<name>`, or `uid:<uid>` for
-/// another namespace's (see [`crate::devices::claim_key`]).
-/// The claims of `node`'s baseline to judge: those it recorded by name,
-/// or, for a node whose claims were only counted (past the status's budget
-/// of names, `saferollout_api::device_baseline::MAX_CLAIM_NAMES`, or past
-/// the most one node records), every claim of the driver allocated there
-/// and reserved now. A claim made since the change is then judged too:
-/// stricter, never weaker.
-fn baseline_claims(
+/// The claims of `node`'s baseline still there to judge (a claim its user
+/// deleted has none): those it recorded by name, or, for a node whose claims
+/// were only counted (past the status's budget of names,
+/// `saferollout_api::device_baseline::MAX_CLAIM_NAMES`, or past the most one
+/// node records), every claim of the driver allocated there and reserved
+/// now. A claim made since the change is then judged too: stricter, never
+/// weaker.
+fn baseline_claims<'a>(
     gate: &ClaimsGate,
-    ev: &DeviceEvidence,
+    ev: &DeviceEvidence<'a>,
     base: &saferollout_api::NodeDevices,
     node: &str,
-) -> Vec<String> {
+) -> Vec<&'a k8s_openapi::api::resource::v1::ResourceClaim> {
     if base.claims.len() as i64 >= base.claims_total {
-        return base.claims.clone();
+        return base
+            .claims
+            .iter()
+            .filter_map(|key| find_claim(ev, node, key))
+            .collect();
     }
     ev.claims_by_node
         .get(node)
         .into_iter()
         .flatten()
+        .copied()
         .filter(|c| claim_uses_driver(c, &gate.driver) && is_reserved(c))
-        .map(|c| claim_key(c, ev.namespace))
         .collect()
 }
 
+/// The claim a baseline key names: `<namespace>/<name>`, or `uid:<uid>` for
+/// another namespace's (see [`crate::devices::claim_key`]).
 fn find_claim<'a>(
     ev: &DeviceEvidence<'a>,
     node: &str,
@@ -525,90 +527,66 @@ mod tests {
         );
     }
 
-    /// A node whose claims status only counted (past the status's budget of
-    /// names) is judged on the driver's claims allocated there now: a
-    /// failed pod fails the gate as it would for a named claim.
-    #[test]
-    fn a_node_whose_claims_were_only_counted_is_judged_on_its_claims_now() {
-        let mut w = World::healthy(1, 8);
-        w.device_baseline.insert(
-            "node-0".into(),
-            NodeDevices {
-                claims_total: 1,
-                ..Default::default()
-            },
-        );
-        let c = claim("work", "c1", D, Some("node-0"), Some("p1"));
-        let ok = eval(
-            &w,
-            std::slice::from_ref(&c),
-            &[claim_pod("work", "p1", "node-0", "c1", "Running")],
-            &[],
-        )
-        .result;
-        assert_eq!(
-            (ok.status, ok.reason.as_str()),
-            (GateStatus::Passed, "ClaimsIntact"),
-            "{ok:?}"
-        );
-        assert!(ok.message.starts_with("1 claim(s)"), "{}", ok.message);
-        let v = eval(
-            &w,
-            std::slice::from_ref(&c),
-            &[claim_pod("work", "p1", "node-0", "c1", "Failed")],
-            &[],
-        );
-        assert_eq!(
-            (v.result.status, v.result.reason.as_str()),
-            (GateStatus::Failed, "ClaimPodFailed")
-        );
-        assert!(
-            v.result.message.contains("claim work/c1"),
-            "{}",
-            v.result.message
-        );
-        // Without the pods of the node observed, it waits rather than passes.
-        let mut ev = DeviceEvidence {
-            namespace: "work",
-            ..Default::default()
-        };
-        ev.add_claims(std::slice::from_ref(&c));
-        let v = w.with_devices(Some(&ev), |s| evaluate(&gate(false), s, None));
-        assert_ne!(v.result.status, GateStatus::Passed, "{:?}", v.result);
-    }
-
+    /// Judged alike whether the node's baseline names its claim or, past
+    /// the status's budget of names, only counts it (the gate then judges
+    /// the driver's claims allocated there now).
     #[test]
     fn surviving_claims_pass_and_a_failed_pod_fails_at_once() {
-        let mut w = World::healthy(1, 8);
-        with_claims(&mut w, "node-0", &["work/c1"]);
-        let c = claim("work", "c1", D, Some("node-0"), Some("p1"));
-        let ok = eval(
-            &w,
-            std::slice::from_ref(&c),
-            &[claim_pod("work", "p1", "node-0", "c1", "Running")],
-            &[],
-        )
-        .result;
-        assert_eq!(
-            (ok.status, ok.reason.as_str()),
-            (GateStatus::Passed, "ClaimsIntact"),
-            "{ok:?}"
-        );
-        let mut failed = claim_pod("work", "p1", "node-0", "c1", "Failed");
-        failed.status.as_mut().unwrap().message = Some(
-            "NodePrepareResources failed for ResourceClaim c1: device gpu-0 not found in pool node-0 of driver gpu.example.com".into(),
-        );
-        let v = eval(&w, &[c], &[failed], &[]);
-        assert_eq!(
-            (v.result.status, v.result.reason.as_str()),
-            (GateStatus::Failed, "ClaimPodFailed")
-        );
-        assert!(
-            v.result.message.contains("NodePrepareResources failed"),
-            "{}",
-            v.result.message
-        );
-        assert!(v.violating.contains("node-0"));
+        for named in [true, false] {
+            let mut w = World::healthy(1, 8);
+            if named {
+                with_claims(&mut w, "node-0", &["work/c1"]);
+            } else {
+                w.device_baseline.insert(
+                    "node-0".into(),
+                    NodeDevices {
+                        claims_total: 1,
+                        ..Default::default()
+                    },
+                );
+            }
+            let c = claim("work", "c1", D, Some("node-0"), Some("p1"));
+            let ok = eval(
+                &w,
+                std::slice::from_ref(&c),
+                &[claim_pod("work", "p1", "node-0", "c1", "Running")],
+                &[],
+            )
+            .result;
+            assert_eq!(
+                (ok.status, ok.reason.as_str()),
+                (GateStatus::Passed, "ClaimsIntact"),
+                "named {named}: {ok:?}"
+            );
+            assert!(ok.message.starts_with("1 claim(s)"), "{}", ok.message);
+            let mut failed = claim_pod("work", "p1", "node-0", "c1", "Failed");
+            failed.status.as_mut().unwrap().message = Some(
+                "NodePrepareResources failed for ResourceClaim c1: device gpu-0 not found in pool node-0 of driver gpu.example.com".into(),
+            );
+            let v = eval(&w, std::slice::from_ref(&c), &[failed], &[]);
+            assert_eq!(
+                (v.result.status, v.result.reason.as_str()),
+                (GateStatus::Failed, "ClaimPodFailed"),
+                "named {named}"
+            );
+            for said in ["NodePrepareResources failed", "claim work/c1"] {
+                assert!(v.result.message.contains(said), "{}", v.result.message);
+            }
+            assert!(v.violating.contains("node-0"));
+            // Without the pods of the node observed, it waits rather than passes.
+            let mut ev = DeviceEvidence {
+                namespace: "work",
+                ..Default::default()
+            };
+            ev.add_claims(std::slice::from_ref(&c));
+            let v = w.with_devices(Some(&ev), |s| evaluate(&gate(false), s, None));
+            assert_ne!(
+                v.result.status,
+                GateStatus::Passed,
+                "named {named}: {:?}",
+                v.result
+            );
+        }
     }
 
     #[test]
