@@ -291,11 +291,10 @@ fn debug_panic_hook(key: &RolloutKey) {
 
 /// One pass over `sr`: the fence, the finalizer, then apply or clean up.
 async fn pass(sr: Arc<SafeRollout>, ctx: &Arc<Context>, key: &RolloutKey) -> Result<Requeue> {
-    let (ctx, key) = (ctx.clone(), key.clone());
     if !ctx.fence.is_open() {
         return Err(Error::NotLeader);
     }
-    if is_stale(&sr, &ctx, &key) || finalizer_in_flight(&sr, &ctx, &key) {
+    if is_stale(&sr, ctx, key) || finalizer_in_flight(&sr, ctx, key) {
         // The watch delivers our write in a moment and triggers a fresh pass.
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
@@ -305,14 +304,14 @@ async fn pass(sr: Arc<SafeRollout>, ctx: &Arc<Context>, key: &RolloutKey) -> Res
     let adding = lacks_finalizer(&sr).then(|| cached_version(&sr));
     let result = finalizer(&api, FINALIZER, sr, |event| async {
         match event {
-            Finalizer::Apply(sr) => apply(&sr, &ctx, &key).await,
-            Finalizer::Cleanup(sr) => cleanup(&sr, &ctx, &key).await,
+            Finalizer::Apply(sr) => apply(&sr, ctx, key).await,
+            Finalizer::Cleanup(sr) => cleanup(&sr, ctx, key).await,
         }
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
     if let (Some(version), Ok(_)) = (adding, &result) {
-        ctx.memory(&key, |m| m.finalizer_added_to = Some(version));
+        ctx.memory(key, |m| m.finalizer_added_to = Some(version));
     }
     result
 }
