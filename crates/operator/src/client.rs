@@ -37,21 +37,32 @@ use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
 use tower::{BoxError, Layer, Service, ServiceBuilder, retry::RetryLayer};
 
+use crate::controller::freshness::{Freshness, TapLayer};
 use crate::leader::{Admits, Fence};
 
 /// A client for `config` (HTTP/2 over TLS where the server agrees to it by
 /// ALPN; HTTP/1.1 otherwise, e.g. a plain-HTTP test server).
 pub fn from_config(config: Config) -> kube::Result<Client> {
-    build(config, None)
+    build(config, None, None)
+}
+
+/// The caches' client: as [`from_config`], and every chunk its watches
+/// receive, bookmarks included, marks their store heard in `freshness`.
+pub fn watching(config: Config, freshness: Arc<Freshness>) -> kube::Result<Client> {
+    build(config, None, Some(freshness))
 }
 
 /// A client whose writes (every method but GET and HEAD) are sent only
 /// while `fence` is open and are given up at its deadline.
 pub fn fenced(config: Config, fence: Arc<Fence>) -> kube::Result<Client> {
-    build(config, Some(fence))
+    build(config, Some(fence), None)
 }
 
-fn build(config: Config, fence: Option<Arc<Fence>>) -> kube::Result<Client> {
+fn build(
+    config: Config,
+    fence: Option<Arc<Fence>>,
+    freshness: Option<Arc<Freshness>>,
+) -> kube::Result<Client> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     // Every watch and write shares one connection, so the client keeps
@@ -112,6 +123,7 @@ fn build(config: Config, fence: Option<Arc<Fence>>) -> kube::Result<Client> {
         }))
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        .layer(TapLayer(freshness))
         .map_err(BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))

@@ -1,5 +1,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 
@@ -74,6 +75,13 @@ struct Args {
     /// by one cluster-wide watch that keeps only those nodes' device pods.
     #[arg(long, env = "SAFEROLLOUT_PER_NODE_POD_WATCHES", default_value_t = 64)]
     per_node_pod_watches: usize,
+    /// Seconds a cache's watch may deliver nothing, not even a bookmark,
+    /// before the cache counts as stale: the SafeRollouts reading it hold
+    /// (nothing deleted, judged or quarantined) and the watch starts over.
+    /// The API server sends every watch a bookmark about once a minute, so
+    /// below 60 a quiet, healthy watch would count as stale.
+    #[arg(long, env = "SAFEROLLOUT_WATCH_STALE_AFTER", default_value_t = 90, value_parser = clap::value_parser!(u64).range(65..))]
+    watch_stale_after: u64,
     /// Log as JSON lines.
     #[arg(long, env = "SAFEROLLOUT_LOG_JSON")]
     log_json: bool,
@@ -201,7 +209,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         leader::Fence::always()
     };
-    let client = client::from_config(config.clone())?;
+    let freshness =
+        controller::freshness::Freshness::new(Duration::from_secs(args.watch_stale_after));
+    let client = client::watching(config.clone(), freshness.clone())?;
     let writer = client::fenced(config, fence.clone())?;
     let metrics = Arc::new(metrics::Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
@@ -228,6 +238,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         device_gates: args.device_gates,
         per_node_pod_watches: args.per_node_pod_watches,
         limits,
+        freshness,
     };
     let election = async {
         if !args.leader_election {

@@ -71,6 +71,16 @@ pub struct ResourceLabels {
     pub resource: String,
 }
 
+/// A watched store (see `controller::freshness::StoreKey`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    pub resource: String,
+    /// Empty: cluster-wide, or every namespace.
+    pub namespace: String,
+    /// The watch's label and field selectors, `labels;fields`.
+    pub selector: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
     pub cause: String,
@@ -129,6 +139,9 @@ pub struct Metrics {
     /// `controller::reconcile`).
     pub reconcile_panics: Family<RolloutLabels, Counter>,
     pub watch_restarts: Family<ResourceLabels, Counter>,
+    /// 1 while a store has heard nothing from the API server for longer than
+    /// `--watch-stale-after` (see `controller::freshness`).
+    pub watch_stale: Family<StoreLabels, Gauge>,
     /// Reconcile requests sent to the work queue, by what sent them (see
     /// `controller::caches::Cause`); requests for a rollout already queued
     /// merge into one reconcile, so these count at least the reconciles.
@@ -173,6 +186,7 @@ impl Default for Metrics {
             reconcile_errors: Family::default(),
             reconcile_panics: Family::default(),
             watch_restarts: Family::default(),
+            watch_stale: Family::default(),
             wakes: Family::default(),
             leader: Gauge::default(),
             allocator: Family::default(),
@@ -295,6 +309,11 @@ impl Default for Metrics {
             "watch_restarts",
             "Watches that had to list again (errors, expired resource versions), by resource",
             m.watch_restarts.clone(),
+        );
+        registry.register(
+            "watch_stale",
+            "1 while a cache's watch has delivered nothing, not even a bookmark, for longer than --watch-stale-after: the SafeRollouts reading it hold",
+            m.watch_stale.clone(),
         );
         registry.register(
             "wakes",
@@ -482,6 +501,20 @@ impl Metrics {
                 resource: resource.into(),
             })
             .inc();
+    }
+
+    pub fn set_store_stale(&self, store: &crate::controller::freshness::StoreKey, stale: bool) {
+        self.watch_stale
+            .get_or_create(&StoreLabels {
+                resource: store.resource().into(),
+                namespace: store.namespace().unwrap_or_default().into(),
+                selector: format!(
+                    "{};{}",
+                    store.labels.as_deref().unwrap_or_default(),
+                    store.fields.as_deref().unwrap_or_default()
+                ),
+            })
+            .set(stale.into());
     }
 
     pub fn set_caches_synced(&self) {

@@ -559,3 +559,150 @@ async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_bes
     proxies[leader].remove_toxic("writes-delayed")?;
     Ok(())
 }
+
+/// The metric line of the agent pods' store of `ns` in the operator's
+/// `/metrics` on `port`, if any.
+fn pods_store_stale(port: u16, ns: &str) -> anyhow::Result<Option<String>> {
+    let (_, text) = support::http_request(port, "GET", "/metrics", None)?;
+    let series = format!(
+        "saferollout_watch_stale{{resource=\"pods\",namespace=\"{ns}\",selector=\"{};\"}}",
+        saferollout_api::REVISION_HASH_LABEL
+    );
+    Ok(text
+        .lines()
+        .find(|l| l.starts_with(&series))
+        .map(|l| l[series.len()..].trim().to_string()))
+}
+
+/// The agent pods' watch goes silent mid-stage, for twice the progress
+/// deadline: the proxy holds every pods watch open and forwards nothing,
+/// and new ones get their headers and nothing more. The stage's deadline
+/// passes by the clock, but not by the caches (they heard nothing since):
+/// no gate fails on it. Past `--watch-stale-after` (90 s) the rollout
+/// holds and says which cache and since when, in status and in
+/// `saferollout_watch_stale`; nothing reverts or is quarantined. Once
+/// watches pass again, the operator's next new watch lists the pods and the
+/// rollout succeeds, within the budget, each node's agent replaced once.
+#[tokio::test]
+async fn a_silent_pods_watch_holds_the_rollout_until_it_speaks_again() -> anyhow::Result<()> {
+    const DEADLINE: Duration = Duration::from_secs(50);
+    let env = setup("silent").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
+    let port = free_loopback_port()?;
+    let args: Vec<String> = [
+        "--namespace",
+        &env.ns.name,
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut op = Operator::start(
+        Identity::Impersonate(&env.proxy.kubeconfig, OPERATOR_SA),
+        &args,
+        &format!("silent-{}", env.ns.name),
+    )?;
+    let mut spec = default_spec(&env.resource, v1);
+    spec["maxUnavailable"] = json!(1);
+    spec["progressDeadline"] = json!(format!("{}s", DEADLINE.as_secs()));
+    spec["stages"] =
+        json!([{"nodes": 1, "soak": "2s"}, {"nodes": 2, "soak": "2s"}, {"nodes": "100%"}]);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+
+    let (samples, task) = sample_pods(&env.client, &env.ns.name, four_nodes());
+    set_template_image(&env.client, &env.ns.name, "plugin", &env.resource, v2).await?;
+    wait_status(&env.client, &env.ns.name, "plugin", ROLLOUT_TIMEOUT, |st| {
+        st.current_stage == Some(1)
+    })
+    .await?;
+    env.proxy.blackhole_watch(&["pods"])?;
+    let silenced = Instant::now();
+
+    // Silent for twice the deadline. Checked every second meanwhile: nothing
+    // fails, and past the bound the hold is reported.
+    let api: Api<SafeRollout> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let store = format!("pods in namespace {}", env.ns.name);
+    let mut held: Option<(Duration, String, Option<String>)> = None;
+    while silenced.elapsed() < 2 * DEADLINE {
+        let st = api.get_status("plugin").await?.status.unwrap_or_default();
+        assert!(
+            st.blocked_revisions.is_empty() && st.phase == Some(Phase::Progressing),
+            "a fault of the cluster failed the rollout after {:?}: {st:#?}",
+            silenced.elapsed()
+        );
+        if held.is_none()
+            && let Some(ready) = condition(&st, "Ready").filter(|c| c.reason == "CacheStale")
+        {
+            held = Some((
+                silenced.elapsed(),
+                ready.message.clone(),
+                pods_store_stale(port, &env.ns.name)?,
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (held_after, message, metric) =
+        held.expect("the hold was reported while the watch was silent");
+    eprintln!("MEASURE pods watch silent -> rollout held: {held_after:?}");
+    assert!(message.contains(&store), "{message}");
+    assert_eq!(
+        metric.as_deref(),
+        Some("1"),
+        "saferollout_watch_stale of the pods store"
+    );
+    // Not before the bound: the watch's last word came at most a minute
+    // (one bookmark) before the silence.
+    assert!(held_after >= Duration::from_secs(30), "{held_after:?}");
+
+    env.proxy.clear()?;
+    let back = Instant::now();
+    let st = wait_status(&env.client, &env.ns.name, "plugin", ROLLOUT_TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    eprintln!(
+        "MEASURE watches pass again -> rollout succeeded: {:?}",
+        back.elapsed()
+    );
+    wait_agents(&env.client, &env.ns.name, v2).await?;
+    task.abort();
+    assert!(st.blocked_revisions.is_empty(), "{st:#?}");
+    assert!(
+        st.stages.iter().all(|s| s.failed_nodes.is_empty()),
+        "{st:#?}"
+    );
+    assert_eq!(pods_store_stale(port, &env.ns.name)?.as_deref(), Some("0"));
+    assert!(op.is_running());
+    // Nothing quarantined: no node carries a taint of the operator's.
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    for n in nodes
+        .items
+        .iter()
+        .filter(|n| four_nodes().contains(&n.name_any()))
+    {
+        let taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        assert!(
+            taints.iter().all(|t| !t.key.contains("saferollout")),
+            "{}: {taints:?}",
+            n.name_any()
+        );
+    }
+    let samples = samples.lock().unwrap();
+    let (most, when) = samples.max_unavailable(&BTreeSet::new());
+    eprintln!(
+        "MEASURE most agents unavailable at once across the silent watch: {most}; creations per node {:?}",
+        creations(&samples)
+    );
+    assert!(most <= 1, "maxUnavailable 1 broken: {when:?} at once");
+    samples.assert_each_node_got_one(v2, 4);
+    Ok(())
+}

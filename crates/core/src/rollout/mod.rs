@@ -60,7 +60,7 @@ use crate::views::{AgentPod, DaemonSetView, NodesByName, PodsByNode};
 pub use devices::{
     NodeTaint, QuarantineRule, probe_name, quarantined_nodes, rule_name, taint_key, taint_value,
 };
-pub use phase::set_stalled;
+pub use phase::{CACHE_STALE, StaleCache, hold_for_stale_caches, set_stalled};
 
 /// Requests a person made through annotations on the SafeRollout.
 #[derive(Debug, Clone, Copy, Default)]
@@ -121,6 +121,16 @@ pub struct Observed<'a> {
     /// What the operator's administrator lets SafeRollouts ask for.
     pub limits: &'a crate::limits::AdminLimits,
     pub now: Timestamp,
+    /// When the stalest cache this pass reads last heard from the API
+    /// server (an event or a watch bookmark); `None`: as of `now`.
+    pub caches_heard_at: Option<Timestamp>,
+}
+
+impl Observed<'_> {
+    /// Up to when the caches vouch for what this pass sees.
+    pub fn vouched_until(&self) -> Timestamp {
+        self.caches_heard_at.map_or(self.now, |h| h.min(self.now))
+    }
 }
 
 /// A last-good backup ControllerRevision as found.
@@ -229,6 +239,10 @@ pub struct Decision {
     pub actions: Vec<Action>,
     /// Reconcile again after this long even if nothing changes (soak and deadline timers).
     pub requeue_after: Option<Duration>,
+    /// A deadline passed, but the caches last heard from the API server
+    /// before it did: list again every cache of this rollout that has not
+    /// heard since this instant, then judge (see [`Observed::caches_heard_at`]).
+    pub refresh_caches_heard_before: Option<Timestamp>,
 }
 
 /// The `saferollout.dev/approve` value that approves stage `index` of `revision`.
@@ -259,12 +273,21 @@ pub fn decide(o: &Observed) -> Decision {
     if st.phase != o.status.phase {
         st.phase_transition_time = Some(Time(o.now));
     }
+    let refresh_caches_heard_before = refresh_caches_heard_before(o, &st);
     Decision {
         status: st,
         actions,
-        requeue_after,
+        requeue_after: match refresh_caches_heard_before {
+            // Decided again once the caches listed again.
+            Some(_) => Some(requeue_after.map_or(REFRESH_RECHECK, |r| r.min(REFRESH_RECHECK))),
+            None => requeue_after,
+        },
+        refresh_caches_heard_before,
     }
 }
+
+/// How soon a pass that asked for its caches to list again looks again.
+const REFRESH_RECHECK: Duration = Duration::from_secs(1);
 
 fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> Option<Duration> {
     if let Some(owner) = o.owned_by_other {
@@ -689,13 +712,17 @@ fn max_unavailable(o: &Observed, ds: &DaemonSetView) -> usize {
 
 /// Records progress of `subject` (more nodes done than ever before resets the
 /// clock; another subject starts afresh) and returns how long it has gone
-/// without progress.
+/// without progress as far as the caches vouch: up to when the stalest of
+/// them last heard from the API server ([`Observed::caches_heard_at`]), not
+/// up to now. A deadline is only ever missed on evidence that was current
+/// after it passed; a cache that went silent cannot run the clock out.
 fn record_progress(
     st: &mut SafeRolloutStatus,
     subject: String,
     nodes: usize,
-    now: Timestamp,
+    o: &Observed,
 ) -> Duration {
+    let now = o.now;
     let nodes = nodes as i32;
     match &mut st.progress {
         Some(p) if p.subject == subject => {
@@ -717,7 +744,18 @@ fn record_progress(
         .as_ref()
         .map(|p| p.last_progress_time.0)
         .unwrap_or(now);
-    crate::gates::elapsed(since, now)
+    crate::gates::elapsed(since, o.vouched_until())
+}
+
+/// The instant before which the caches must have heard from the API server
+/// for this pass's deadline to be judged: the deadline has passed by the
+/// clock but not by the caches (see [`record_progress`]). The operator then
+/// lists those caches again, which vouches for them at once.
+fn refresh_caches_heard_before(o: &Observed, st: &SafeRolloutStatus) -> Option<Timestamp> {
+    let heard = o.caches_heard_at?;
+    let since = st.progress.as_ref()?.last_progress_time.0;
+    let due = since.checked_add(progress_deadline(o)).ok()?;
+    (heard < due && due <= o.now).then_some(due)
 }
 
 /// `spec.progressDeadline`; the schema rejects malformed durations, a default

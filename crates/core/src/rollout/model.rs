@@ -213,6 +213,9 @@ pub struct Losses {
 
 pub struct Model {
     pub spec: SafeRolloutSpec,
+    /// When the operator's caches last heard from the API server, if they
+    /// went silent (`None`: they vouch for now).
+    pub caches_heard_at: Option<Timestamp>,
     /// The operator's limits (none by default).
     pub limits: crate::limits::AdminLimits,
     pub status: SafeRolloutStatus,
@@ -306,6 +309,7 @@ impl Model {
             abort: None,
             spec_hash: None,
             now: Timestamp::from_second(1_800_000_000).unwrap(),
+            caches_heard_at: None,
             counter: 0,
             actions_log: Vec::new(),
             disrupted: BTreeSet::new(),
@@ -862,6 +866,7 @@ impl Model {
             evidence: &evidence,
             limits: &self.limits,
             now: self.now,
+            caches_heard_at: self.caches_heard_at,
         };
         decide(&o)
     }

@@ -179,7 +179,7 @@ pub(super) fn settle(
         } else {
             format!("return to revision {stable}")
         };
-        let without_progress = record_progress(st, subject.clone(), s.converged, o.now);
+        let without_progress = record_progress(st, subject.clone(), s.converged, o);
         let deadline = progress_deadline(o);
         if without_progress >= deadline {
             stuck.extend(s.pending.iter().cloned());

@@ -112,7 +112,7 @@ pub(super) fn roll(
         st,
         format!("stage {} of revision {target}", index + 1),
         on_target_ready,
-        o.now,
+        o,
     );
     let deadline = progress_deadline(o);
     let stage_pos = st

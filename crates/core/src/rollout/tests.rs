@@ -488,6 +488,41 @@ fn a_never_ready_release_fails_when_progress_stops_for_the_deadline() {
 }
 
 #[test]
+fn a_deadline_is_missed_only_on_caches_that_heard_the_cluster_after_it_passed() {
+    let mut m = settled(4);
+    m.spec.progress_deadline = DurationString::new("30s");
+    m.write_revision("v2", Release::Unready);
+    // The caches go silent a second in; the stage waits on an unready pod.
+    m.one_reconcile();
+    let silent_since = m.now;
+    m.caches_heard_at = Some(silent_since);
+    let mut asked = None;
+    for _ in 0..200 {
+        let d = m.one_reconcile();
+        asked = asked.or(d.refresh_caches_heard_before);
+        if asked.is_some() {
+            assert!(d.requeue_after.is_some_and(|r| r <= Duration::from_secs(1)));
+        }
+    }
+    assert!(
+        m.status.blocked_revisions.is_empty(),
+        "failed on caches silent since before the deadline: {:#?}",
+        m.status
+    );
+    let due = asked.expect("the pass asked for the caches to be listed again");
+    assert!(due > silent_since && due <= m.now, "{due} vs {}", m.now);
+    // Listed again: they vouch for now, and the deadline is missed at once.
+    m.caches_heard_at = Some(m.now);
+    let d = m.one_reconcile();
+    assert_eq!(d.refresh_caches_heard_before, None);
+    assert_eq!(
+        m.status.blocked_revisions[0].reason,
+        "ProgressDeadlineExceeded"
+    );
+    no_violations(&m);
+}
+
+#[test]
 fn a_large_stage_replaced_one_by_one_is_not_reverted_for_being_large() {
     // 40 nodes, one at a time, 2 s each: 80 s, far beyond a 30 s deadline
     // counted from the stage start, but progress never stops for 30 s.
@@ -1153,6 +1188,7 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         evidence: &crate::gates::Evidence::default(),
         limits: &crate::limits::UNLIMITED,
         now: m.now,
+        caches_heard_at: None,
     };
     let d = decide(&base);
     assert!(d.actions.is_empty());

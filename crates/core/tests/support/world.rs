@@ -227,6 +227,7 @@ impl World {
             evidence: &evidence,
             limits: &limits,
             now: self.now,
+            caches_heard_at: None,
         };
         saferollout_core::decide(&o)
     }

@@ -14,20 +14,17 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Client, Resource, ResourceExt};
 use saferollout_api::{REVISION_HASH_LABEL, ROLLOUT_LABEL, SafeRollout};
 use saferollout_core::objects::{SlimNode, SlimPod};
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{debug, warn};
 
+use super::freshness::{self, Freshness};
 use crate::metrics::Metrics;
 
 /// What sent a reconcile request: the label of `saferollout_wakes_total`.
@@ -276,9 +273,27 @@ pub struct Caches {
     pub devices: super::devices::DeviceCaches,
     /// True once every store has been listed (see [`Caches::wait_until_synced`]).
     synced: tokio::sync::watch::Receiver<bool>,
+    /// When each store last heard from the API server.
+    pub freshness: Arc<Freshness>,
 }
 
 impl Caches {
+    /// The stores `sr`'s pass reads that have gone silent past the bound
+    /// (see [`freshness`]).
+    pub fn stale_for(&self, sr: &SafeRollout) -> Vec<freshness::Stale> {
+        self.freshness.stale(read_by(sr))
+    }
+
+    /// When the stalest store `sr`'s pass reads last heard from the API server.
+    pub fn heard_at_for(&self, sr: &SafeRollout) -> Option<jiff::Timestamp> {
+        self.freshness.heard_at(read_by(sr))
+    }
+
+    /// Lists again the stores `sr`'s pass reads that have heard nothing since `since`.
+    pub fn refresh_for(&self, sr: &SafeRollout, since: jiff::Timestamp) -> usize {
+        self.freshness.refresh(since, read_by(sr))
+    }
+
     /// Every SafeRollout of `namespace`.
     pub fn rollouts_in(&self, namespace: &str) -> Vec<Arc<SafeRollout>> {
         self.rollouts.in_namespace(namespace)
@@ -505,12 +520,33 @@ mod prune {
     }
 }
 
+/// The stores a pass over `sr` reads: those of its namespace and the
+/// cluster-wide ones; the device gates' only when it has any (or
+/// quarantines a DRA driver's devices).
+fn read_by(sr: &SafeRollout) -> impl Fn(&freshness::StoreKey) -> bool + '_ {
+    let namespace = sr.metadata.namespace.as_deref();
+    let devices = sr.spec.device_driver().is_some()
+        || matches!(
+            sr.spec.quarantine_target(),
+            Some(saferollout_api::QuarantineTarget::Driver(_))
+        );
+    move |store| {
+        let device_store = matches!(
+            store.resource(),
+            "resourceslices" | "resourceclaims" | "devicetaintrules"
+        ) || store.labels.as_deref() == Some(saferollout_api::PROBE_LABEL);
+        (store.namespace().is_none() || store.namespace() == namespace)
+            && (devices || !device_store)
+    }
+}
+
 /// Builds the stores for the watched namespaces (`None`: all) and spawns the
 /// reflectors; their events go to `triggers` through `route`.
 pub fn start(
     client: &Client,
     namespaces: &[String],
     device_apis: &super::devices::DeviceApis,
+    freshness: &Arc<Freshness>,
     metrics: &Arc<Metrics>,
     triggers: &Arc<Triggers>,
 ) -> Arc<Caches> {
@@ -532,6 +568,7 @@ pub fn start(
         nodes,
         sorted_nodes: SortedNodes::default(),
         devices,
+        freshness: freshness.clone(),
     };
     let mut writers = Writers::default();
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
@@ -572,10 +609,11 @@ pub fn start(
     };
     for (ns, w) in writers.rollouts {
         let r = route.clone();
-        reflect(
+        freshness::reflect(
             api(client, ns),
             watch_config(),
             w,
+            freshness,
             metrics,
             prune::rollout,
             move |ev| r.rollout_event(ev),
@@ -584,10 +622,11 @@ pub fn start(
     for (ns, w) in writers.daemonsets {
         let r = route.clone();
         let mut fingerprints: HashMap<String, DaemonSetMemo> = HashMap::new();
-        reflect(
+        freshness::reflect(
             api(client, ns),
             watch_config(),
             w,
+            freshness,
             metrics,
             |d: &mut DaemonSet| prune::meta(&mut d.metadata),
             move |ev| r.daemonset_event(ev, &mut fingerprints),
@@ -596,10 +635,11 @@ pub fn start(
     for (ns, w) in writers.pods {
         let r = route.clone();
         let mut fingerprints: HashMap<String, u64> = HashMap::new();
-        reflect(
+        freshness::reflect(
             api(client, ns),
             pods_config(),
             w,
+            freshness,
             metrics,
             prune::pod,
             move |ev| r.pod_event(ev, &mut fingerprints),
@@ -607,22 +647,31 @@ pub fn start(
     }
     for (ns, w) in writers.revisions {
         let r = route.clone();
-        reflect(
+        freshness::reflect(
             api(client, ns),
             watch_config(),
             w,
+            freshness,
             metrics,
             |c: &mut ControllerRevision| prune::meta(&mut c.metadata),
             move |ev| r.revision_event(ev),
         );
     }
-    super::devices::spawn(client, &caches, device_writers, metrics, triggers);
+    super::devices::spawn(
+        client,
+        &caches,
+        device_writers,
+        freshness,
+        metrics,
+        triggers,
+    );
     for (ns, w) in writers.probe_pods {
         let r = route.clone();
-        reflect(
+        freshness::reflect(
             api(client, ns),
             watch_config().labels(saferollout_api::PROBE_REVISION_LABEL),
             w,
+            freshness,
             metrics,
             prune::probe_pod,
             move |ev| r.probe_pod_event(ev),
@@ -630,10 +679,11 @@ pub fn start(
     }
     let r = route.clone();
     let mut memos: HashMap<String, NodeMemo> = HashMap::new();
-    reflect(
+    freshness::reflect(
         Api::<SlimNode>::all(client.clone()),
         watch_config(),
         nodes_writer,
+        freshness,
         metrics,
         prune::node,
         move |ev| r.node_event(ev, &mut memos),
@@ -685,57 +735,6 @@ where
     match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
-    }
-}
-
-/// Spawns one reflector: list + watch (consistent list, not the API server's
-/// possibly stale cache), prune, store, then hand each event to `on_event`.
-/// A list after the first (the watch broke or expired) counts as a restart.
-fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    writer: reflector::store::Writer<K>,
-    metrics: &Arc<Metrics>,
-    prune: impl FnMut(&mut K) + Send + 'static,
-    mut on_event: impl FnMut(&Event<K>) + Send + 'static,
-) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let metrics = metrics.clone();
-    let resource = K::plural(&()).to_string();
-    let streaming = matches!(
-        config.initial_list_strategy,
-        watcher::InitialListStrategy::StreamingList
-    );
-    let stream = watch(api, config)
-        .default_backoff()
-        .modify(prune)
-        .reflect(writer);
-    let mut listed = false;
-    tokio::spawn(drive(stream, move |ev| match &ev {
-        Ok(e) => {
-            listed |= matches!(e, Event::InitDone);
-            on_event(e)
-        }
-        Err(e) if streaming && !listed => {
-            // Never listed yet: say what to try if the server refuses streaming lists.
-            warn!(%resource, error = %e, "the first streaming list failed; the watcher backs off and retries (an API server with the WatchList feature turned off refuses streaming lists: run with --initial-list=paged)");
-            metrics.watch_restarted(&resource);
-        }
-        Err(e) => {
-            debug!(%resource, error = %e, "watch error; the watcher backs off and lists again");
-            metrics.watch_restarted(&resource);
-        }
-    }));
-}
-
-async fn drive<S, T>(stream: S, mut f: impl FnMut(T))
-where
-    S: Stream<Item = T>,
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        f(item);
     }
 }
 

@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Client, ResourceExt};
 use saferollout_api::{PROBE_LABEL, ROLLOUT_LABEL, SafeRollout, SafeRolloutStatus, StageState};
@@ -42,6 +42,7 @@ use tracing::{debug, info, warn};
 
 use super::RolloutKey;
 use super::caches::{Caches, Cause, Triggers};
+use super::freshness::{self, Freshness};
 use crate::metrics::Metrics;
 
 /// Above this many held nodes (the default of `--per-node-pod-watches`),
@@ -329,6 +330,7 @@ pub fn spawn(
     client: &Client,
     caches: &Arc<Caches>,
     writers: DeviceWriters,
+    freshness: &Arc<Freshness>,
     metrics: &Arc<Metrics>,
     triggers: &Arc<Triggers>,
 ) {
@@ -342,60 +344,66 @@ pub fn spawn(
         };
     if let Some(w) = writers.slices {
         let (c, t) = (caches.clone(), triggers.clone());
-        let stream = watch(
+        freshness::reflect(
             Api::<ResourceSlice>::all(client.clone()),
             super::caches::watch_config(),
-        )
-        .default_backoff()
-        .modify(prune::slice)
-        .reflect(w);
-        spawn_stream("resourceslices", stream, metrics, move |ev| match ev {
-            Event::Apply(s) | Event::Delete(s) => {
-                let driver = s.spec.driver.as_str();
-                send(&c, &t, &|sr| sr.spec.device_driver() == Some(driver));
-            }
-            Event::InitDone => send(&c, &t, &|sr| sr.spec.device_driver().is_some()),
-            _ => {}
-        });
+            w,
+            freshness,
+            metrics,
+            prune::slice,
+            move |ev| match ev {
+                Event::Apply(s) | Event::Delete(s) => {
+                    let driver = s.spec.driver.as_str();
+                    send(&c, &t, &|sr| sr.spec.device_driver() == Some(driver));
+                }
+                Event::InitDone => send(&c, &t, &|sr| sr.spec.device_driver().is_some()),
+                _ => {}
+            },
+        );
     }
     if let Some(w) = writers.claims {
         let (c, t) = (caches.clone(), triggers.clone());
-        let stream = watch(
+        freshness::reflect(
             Api::<ResourceClaim>::all(client.clone()),
             super::caches::watch_config(),
-        )
-        .default_backoff()
-        .modify(prune::claim)
-        .reflect(w);
-        spawn_stream("resourceclaims", stream, metrics, move |ev| match ev {
-            Event::Apply(claim) | Event::Delete(claim) => {
-                let node = claim_node(claim);
-                let ns = claim.metadata.namespace.as_deref();
-                send(&c, &t, &|sr| {
-                    has_claims_gate(sr)
-                        && (sr.metadata.namespace.as_deref() == ns
-                            || node.is_some_and(|n| held_nodes(sr.status.as_ref()).contains(n)))
-                });
-            }
-            Event::InitDone => send(&c, &t, &has_claims_gate),
-            _ => {}
-        });
+            w,
+            freshness,
+            metrics,
+            prune::claim,
+            move |ev| match ev {
+                Event::Apply(claim) | Event::Delete(claim) => {
+                    let node = claim_node(claim);
+                    let ns = claim.metadata.namespace.as_deref();
+                    send(&c, &t, &|sr| {
+                        has_claims_gate(sr)
+                            && (sr.metadata.namespace.as_deref() == ns
+                                || node.is_some_and(|n| held_nodes(sr.status.as_ref()).contains(n)))
+                    });
+                }
+                Event::InitDone => send(&c, &t, &has_claims_gate),
+                _ => {}
+            },
+        );
     }
     if let Some((w, ar)) = writers.rules {
         let (c, t) = (caches.clone(), triggers.clone());
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        let stream = watch(api, super::caches::watch_config().labels(ROLLOUT_LABEL))
-            .default_backoff()
-            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
-            .reflect(w);
-        spawn_stream("devicetaintrules", stream, metrics, move |ev| match ev {
-            Event::Apply(r) | Event::Delete(r) => {
-                let id = r.labels().get(ROLLOUT_LABEL).cloned().unwrap_or_default();
-                send(&c, &t, &|sr| id_of(sr) == id);
-            }
-            Event::InitDone => send(&c, &t, &|_| true),
-            _ => {}
-        });
+        freshness::reflect(
+            api,
+            super::caches::watch_config().labels(ROLLOUT_LABEL),
+            w,
+            freshness,
+            metrics,
+            |o: &mut DynamicObject| o.metadata.managed_fields = None,
+            move |ev| match ev {
+                Event::Apply(r) | Event::Delete(r) => {
+                    let id = r.labels().get(ROLLOUT_LABEL).cloned().unwrap_or_default();
+                    send(&c, &t, &|sr| id_of(sr) == id);
+                }
+                Event::InitDone => send(&c, &t, &|_| true),
+                _ => {}
+            },
+        );
     }
     for (ns, w) in writers.probes {
         let (c, t) = (caches.clone(), triggers.clone());
@@ -403,43 +411,23 @@ pub fn spawn(
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let stream = watch(api, super::caches::watch_config().labels(PROBE_LABEL))
-            .default_backoff()
-            .modify(prune::probe)
-            .reflect(w);
-        spawn_stream("probe pods", stream, metrics, move |ev| match ev {
-            Event::Apply(p) | Event::Delete(p) => {
-                let id = p.labels().get(PROBE_LABEL).cloned().unwrap_or_default();
-                send(&c, &t, &|sr| id_of(sr) == id);
-            }
-            Event::InitDone => send(&c, &t, &has_claims_gate),
-            _ => {}
-        });
-    }
-}
-
-fn spawn_stream<S, K>(
-    resource: &'static str,
-    stream: S,
-    metrics: &Arc<Metrics>,
-    mut on_event: impl FnMut(&Event<K>) + Send + 'static,
-) where
-    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
-    K: Send + 'static,
-{
-    let metrics = metrics.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(e) => on_event(&e),
-                Err(e) => {
-                    debug!(%resource, error = %e, "watch error; the watcher backs off and lists again");
-                    metrics.watch_restarted(resource);
+        freshness::reflect(
+            api,
+            super::caches::watch_config().labels(PROBE_LABEL),
+            w,
+            freshness,
+            metrics,
+            prune::probe,
+            move |ev| match ev {
+                Event::Apply(p) | Event::Delete(p) => {
+                    let id = p.labels().get(PROBE_LABEL).cloned().unwrap_or_default();
+                    send(&c, &t, &|sr| id_of(sr) == id);
                 }
-            }
-        }
-    });
+                Event::InitDone => send(&c, &t, &has_claims_gate),
+                _ => {}
+            },
+        );
+    }
 }
 
 fn id_of(sr: &SafeRollout) -> String {

@@ -15,6 +15,7 @@ pub mod caches;
 pub mod device_writes;
 pub mod devices;
 pub mod error;
+pub mod freshness;
 pub mod labels;
 pub mod proof;
 pub mod snapshot;
@@ -376,6 +377,11 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     if !ctx.caches.is_synced() {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
+    // No decision on a cache that may have stopped hearing the cluster.
+    let stale = ctx.caches.stale_for(sr);
+    if !stale.is_empty() {
+        return hold_for_stale_caches(sr, ctx, key, &stale).await;
+    }
     let pass_started = Instant::now();
     let world = snapshot::dereference(sr, &ctx.caches);
     let dereferenced = pass_started.elapsed();
@@ -407,6 +413,8 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     if daemonset_version(&world) != read_on {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
+    let caches_heard_at = ctx.caches.heard_at_for(sr);
+    tracing::trace!(namespace = %key.0, name = %key.1, ?caches_heard_at, "the caches vouch until");
     let id = ctx.rollout_id(key);
     let device_evidence = world.devices.evidence();
     let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&proof);
@@ -428,11 +436,16 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
                 evidence,
                 limits: &ctx.limits,
                 now,
+                caches_heard_at,
             },
             &mut m.expectations,
         )
     });
     let decided = pass_started.elapsed();
+    if let Some(since) = decision.refresh_caches_heard_before {
+        let asked = ctx.caches.refresh_for(sr, since);
+        tracing::debug!(namespace = %key.0, name = %key.1, %since, asked, "a deadline is due on caches that heard nothing since it passed: listing them again");
+    }
     // (status.lastGoodTemplate, with the content hash the backup must
     // have, is the decision's: see saferollout_core::rollout.)
     let mut new_status = decision.status;
@@ -578,6 +591,53 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     )
 }
 
+/// How often a pass held by stale caches looks again (the caches' recovery
+/// sends no event of its own).
+const STALE_RECHECK: Duration = Duration::from_secs(5);
+
+/// A pass that would read a stale cache (see [`freshness`]): nothing is
+/// decided; the status says which caches and since when (written once, the
+/// same bytes after), with one Warning Event when the hold begins.
+async fn hold_for_stale_caches(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    stale: &[freshness::Stale],
+) -> Result<Requeue> {
+    let no_status = SafeRolloutStatus::default();
+    let status = sr.status.as_ref().unwrap_or(&no_status);
+    let stale: Vec<saferollout_core::rollout::StaleCache> = stale
+        .iter()
+        .map(|s| saferollout_core::rollout::StaleCache {
+            store: s.store.to_string(),
+            since: s.since,
+        })
+        .collect();
+    let (held, new) = saferollout_core::rollout::hold_for_stale_caches(
+        status,
+        &stale,
+        ctx.caches.freshness.stale_after(),
+        sr.metadata.generation,
+        Timestamp::now(),
+    );
+    if held != *status {
+        writes::status(sr, ctx, key, status, &held).await?;
+    }
+    if new {
+        warn!(namespace = %key.0, name = %key.1, stale = ?stale, "holding: a cache this SafeRollout reads is stale");
+        let message = held.message.clone().unwrap_or_default();
+        writes::event(
+            sr,
+            ctx,
+            true,
+            saferollout_core::rollout::CACHE_STALE,
+            &message,
+        )
+        .await;
+    }
+    Ok(Requeue::requeue(STALE_RECHECK))
+}
+
 /// An unusable spec.template is a condition, not a retry loop: record it and
 /// wait for the spec to change.
 async fn report_invalid_template(
@@ -662,6 +722,12 @@ async fn run_preflight(
 /// A SafeRollout that never owned the DaemonSet (refused as a second one)
 /// changes nothing of it.
 async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Requeue> {
+    // What a deletion hands back is decided on current caches too.
+    let stale = ctx.caches.stale_for(sr);
+    if !stale.is_empty() {
+        warn!(namespace = %key.0, name = %key.1, stale = ?stale, "the SafeRollout is being deleted; its cleanup waits for stale caches");
+        return Ok(Requeue::requeue(STALE_RECHECK));
+    }
     let world = snapshot::dereference(sr, &ctx.caches);
     let no_status = SafeRolloutStatus::default();
     let status = sr.status.as_ref().unwrap_or(&no_status);
@@ -743,6 +809,9 @@ pub struct Options {
     pub per_node_pod_watches: usize,
     /// What SafeRollouts may ask for (flags; see `saferollout_core::limits`).
     pub limits: AdminLimits,
+    /// When each cache last heard from the API server (fed by the watching
+    /// client's tap, see [`freshness`]).
+    pub freshness: Arc<freshness::Freshness>,
 }
 
 /// The caches, started and filling: what [`run`] reconciles from.
@@ -773,6 +842,7 @@ pub async fn start(
         &client,
         &options.namespaces,
         &device_apis,
+        &options.freshness,
         &metrics,
         &triggers,
     );

@@ -193,6 +193,8 @@ pub struct Extras<'a> {
     /// What the operator's administrator lets SafeRollouts ask for.
     pub limits: &'a saferollout_core::limits::AdminLimits,
     pub now: Timestamp,
+    /// When the stalest cache the pass reads last heard from the API server.
+    pub caches_heard_at: Option<Timestamp>,
 }
 
 /// Builds the views of `world` and decides; also counts nodes for the metrics.
@@ -251,6 +253,7 @@ pub fn decide(
         evidence: &extras.evidence,
         limits: extras.limits,
         now: extras.now,
+        caches_heard_at: extras.caches_heard_at,
     };
     let decision = saferollout_core::decide(&observed);
     let counts = ds_view

@@ -251,7 +251,13 @@ impl Operator {
         let file = std::fs::File::create(&log)?;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_saferollout-operator"));
         cmd.args(args)
-            .env("RUST_LOG", "info,kube=warn")
+            // SAFEROLLOUT_TEST_RUST_LOG: more of the operator's log when
+            // debugging a test.
+            .env(
+                "RUST_LOG",
+                std::env::var("SAFEROLLOUT_TEST_RUST_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn".into()),
+            )
             .env_remove("SAFEROLLOUT_NAMESPACE")
             .envs(env.iter().copied())
             .stdout(Stdio::from(file.try_clone()?))
