@@ -15,6 +15,9 @@
 //! - [`gates`]: the health gates; [`devices`]: what the device gates observe.
 //! - [`limits`]: what the operator's administrator lets a SafeRollout ask for.
 //! - [`rollout`]: the state machine: status and actions from a snapshot.
+//! - [`pass`]: what a pass does with a decision, in order (the status write
+//!   before, behind or after its actions; Events last): run by the operator
+//!   and by the model alike.
 //! - [`expectations`]: the operator's own writes its caches do not show yet.
 //! - [`conditions`]: kstatus-compatible conditions.
 //! - [`preflight`]: the cluster-side preflight checks and when they run.
@@ -30,6 +33,7 @@ pub mod expectations;
 pub mod gates;
 pub mod limits;
 pub mod objects;
+pub mod pass;
 pub mod plan;
 pub mod preflight;
 pub mod revision;

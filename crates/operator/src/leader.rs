@@ -222,7 +222,7 @@ pub async fn elect(
     // the lease first) is tried again, backing off, rather than ending the
     // process: before, one injected 500 on the Lease create made the operator
     // exit at start-up (tests/faults.rs).
-    let manager = crate::client::retry_passing("reading the leader lease", is_transient, || {
+    let manager = crate::retry::retry_passing("reading the leader lease", is_transient, || {
         LeaseManagerBuilder::new(client.clone(), &config.lease_name)
             .with_namespace(&config.namespace)
             .with_parameters(params.clone())

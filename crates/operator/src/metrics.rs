@@ -503,18 +503,9 @@ impl Metrics {
             .inc();
     }
 
-    pub fn set_store_stale(&self, store: &crate::controller::freshness::StoreKey, stale: bool) {
-        self.watch_stale
-            .get_or_create(&StoreLabels {
-                resource: store.resource().into(),
-                namespace: store.namespace().unwrap_or_default().into(),
-                selector: format!(
-                    "{};{}",
-                    store.labels.as_deref().unwrap_or_default(),
-                    store.fields.as_deref().unwrap_or_default()
-                ),
-            })
-            .set(stale.into());
+    /// `saferollout_watch_stale` of one store (see `controller::freshness`).
+    pub fn set_store_stale(&self, store: StoreLabels, stale: bool) {
+        self.watch_stale.get_or_create(&store).set(stale.into());
     }
 
     pub fn set_caches_synced(&self) {

@@ -30,6 +30,7 @@ use saferollout_api::{
 use super::{Action, BackupView, Decision, Observed, Requests, SpecTemplate, decide};
 use crate::eligibility::eligibility;
 use crate::expectations::Expectations;
+use crate::pass::StatusWrite;
 use crate::views::{
     AgentPod, DaemonSetView, NodeView, NodesByName, Placement, PodsByNode, RolloutLabels,
 };
@@ -204,7 +205,9 @@ pub struct Lag {
 /// A write the model refuses (guard failed) or drops (lost).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Losses {
-    /// The status write fails: nothing of the pass happens.
+    /// The status write fails. Written before the actions (the plan's
+    /// [`crate::pass::StatusWrite::Before`]), nothing of the pass happens;
+    /// written behind them, the actions land and the status is lost.
     pub status: bool,
     /// The first action of the pass that changes the cluster (after the
     /// status write) is lost.
@@ -213,6 +216,9 @@ pub struct Losses {
 
 pub struct Model {
     pub spec: SafeRolloutSpec,
+    /// When the operator last wrote the status (its memory: a restart
+    /// forgets it), for the plan's deferred writes.
+    pub status_written_at: Option<Timestamp>,
     /// When the operator's caches last heard from the API server, if they
     /// went silent (`None`: they vouch for now).
     pub caches_heard_at: Option<Timestamp>,
@@ -310,6 +316,7 @@ impl Model {
             spec_hash: None,
             now: Timestamp::from_second(1_800_000_000).unwrap(),
             caches_heard_at: None,
+            status_written_at: None,
             counter: 0,
             actions_log: Vec::new(),
             disrupted: BTreeSet::new(),
@@ -692,6 +699,7 @@ impl Model {
     /// Drops the caches' lag and the operator's memory: a restarted operator.
     pub fn restart_operator(&mut self) {
         self.expectations = Expectations::default();
+        self.status_written_at = None;
         // Label writes still queued die with the process.
         self.label_queue.clear();
         self.label_responses = None;
@@ -744,10 +752,17 @@ impl Model {
         if self.violations.is_empty() && self.trace.len() > 60 {
             self.trace.remove(0);
         }
-        if losses.status {
-            return Some(decision);
+        // The operator's own plan of the pass, executed here as there.
+        let since_last_write = self
+            .status_written_at
+            .map(|t| crate::gates::elapsed(t, self.now));
+        let plan = crate::pass::plan(Some(&self.status), decision.clone(), since_last_write);
+        if plan.write == StatusWrite::Before {
+            if losses.status {
+                return Some(decision);
+            }
+            self.write_status(&plan.status);
         }
-        self.status = decision.status.clone();
         let covered = nodes_c
             .nodes
             .values()
@@ -755,15 +770,26 @@ impl Model {
             .count();
         let budget = self.budget(covered);
         let mut lose = losses.first_action;
-        for a in &decision.actions {
-            if lose && !matches!(a, Action::Event { .. }) {
+        for a in &plan.actions {
+            if lose {
                 lose = false;
                 continue;
             }
             self.perform(a, ds_c.ds.generation, budget);
         }
+        for e in &plan.events {
+            self.perform(e, ds_c.ds.generation, budget);
+        }
+        if plan.write == StatusWrite::Behind && !losses.status {
+            self.write_status(&plan.status);
+        }
         self.check_cluster();
         Some(decision)
+    }
+
+    fn write_status(&mut self, status: &SafeRolloutStatus) {
+        self.status = status.clone();
+        self.status_written_at = Some(self.now);
     }
 
     fn decide_on(&mut self, pods_c: &Cluster, nodes_c: &Cluster, ds_c: &Cluster) -> Decision {

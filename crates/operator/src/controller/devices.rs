@@ -76,7 +76,7 @@ pub async fn discover(client: &Client, enabled: bool) -> DeviceApis {
     // (429, 5xx, a dropped connection) is asked again, backing off, rather
     // than taken as "not served", which would leave the device gates unable
     // to judge (failing at the progress deadline) for the process's life.
-    let group = crate::client::retry_passing(
+    let group = crate::retry::retry_passing(
         "discovering resource.k8s.io",
         |e| !is_lasting(e),
         || kube::discovery::group(client, "resource.k8s.io"),

@@ -84,6 +84,19 @@ impl StoreKey {
         }
     }
 
+    /// Its labels in `saferollout_watch_stale`.
+    fn labels(&self) -> crate::metrics::StoreLabels {
+        crate::metrics::StoreLabels {
+            resource: self.resource().into(),
+            namespace: self.namespace().unwrap_or_default().into(),
+            selector: format!(
+                "{};{}",
+                self.labels.as_deref().unwrap_or_default(),
+                self.fields.as_deref().unwrap_or_default()
+            ),
+        }
+    }
+
     /// The resource's plural (the path's last segment).
     pub fn resource(&self) -> &str {
         self.path.rsplit('/').next().unwrap_or_default()
@@ -324,7 +337,7 @@ pub fn reflect<K>(
                 _ = check.tick() => {
                     let silence = freshness.silence(&heard);
                     let stale = silence > freshness.stale_after;
-                    metrics.set_store_stale(&key, stale);
+                    metrics.set_store_stale(key.labels(), stale);
                     // Once stale, a new watch every third of the bound: one
                     // that is itself held silent does not hold the store.
                     let due = restarted.is_none_or(|t| t.elapsed() > freshness.stale_after / 3);

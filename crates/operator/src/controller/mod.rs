@@ -37,7 +37,6 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use saferollout_api::{FINALIZER, Phase, SafeRollout, SafeRolloutStatus};
-use saferollout_core::durability;
 use saferollout_core::expectations::Expectations;
 use saferollout_core::limits::AdminLimits;
 use saferollout_core::rollout::{Action, SpecTemplate, set_stalled};
@@ -394,126 +393,234 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     }
     let no_status = SafeRolloutStatus::default();
     let status = sr.status.as_ref().unwrap_or(&no_status);
-    let now = Timestamp::now();
-    let spec_template = match spec_template_state(sr, ctx, key, &world).await? {
-        Ok(t) => t,
-        Err(msg) => return report_invalid_template(sr, ctx, key, status, msg, now).await,
+    let (gathered, world) = match gather(sr, ctx, key, status, world).await? {
+        Ok(g) => g,
+        Err(requeue) => return Ok(requeue),
     };
-    let preflight = run_preflight(sr, ctx, &world, status).await;
-    let proof = proof::gather(sr, ctx, key, status, &world, now).await;
-    // The evidence's reads (a dry run, preflight, agent logs) can take
-    // seconds: decide on the caches as they are now, so deletions act on
-    // current readiness, not on what it was before those reads. The gates
-    // still judge at `now`, when the evidence was read: a later instant could
-    // close a window the reads did not cover. Evidence is keyed by pod UID
-    // and gate, so a pod replaced meanwhile has none. A DaemonSet that
-    // changed meanwhile invalidates what was read of it: decide again.
-    let read_on = daemonset_version(&world);
-    let world = snapshot::dereference(sr, &ctx.caches);
-    if daemonset_version(&world) != read_on {
-        return Ok(Requeue::requeue(Duration::from_millis(200)));
-    }
-    let caches_heard_at = ctx.caches.heard_at_for(sr);
-    tracing::trace!(namespace = %key.0, name = %key.1, ?caches_heard_at, "the caches vouch until");
-    let id = ctx.rollout_id(key);
-    let device_evidence = world.devices.evidence();
-    let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&proof);
-    evidence.devices = Some(&device_evidence);
-    let (decision, nodes) = ctx.memory(key, |m| {
-        snapshot::decide(
-            sr,
-            status,
-            &world,
-            Extras {
-                spec_template: spec_template
-                    .as_ref()
-                    .map(|(_, hash, in_place)| SpecTemplate {
-                        hash,
-                        in_place: *in_place,
-                    }),
-                preflight: preflight.as_ref(),
-                rollout_id: &id,
-                evidence,
-                limits: &ctx.limits,
-                now,
-                caches_heard_at,
-            },
-            &mut m.expectations,
-        )
-    });
+    let now = gathered.now;
+    let (decision, nodes) = decide(sr, ctx, key, status, &world, &gathered);
     let decided = pass_started.elapsed();
-    if let Some(since) = decision.refresh_caches_heard_before {
+    let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
+    let plan = saferollout_core::pass::plan(sr.status.as_ref(), decision, since_last_write);
+    if let Some(since) = plan.refresh_caches_heard_before {
         let asked = ctx.caches.refresh_for(sr, since);
         tracing::debug!(namespace = %key.0, name = %key.1, %since, asked, "a deadline is due on caches that heard nothing since it passed: listing them again");
     }
-    // (status.lastGoodTemplate, with the content hash the backup must
-    // have, is the decision's: see saferollout_core::rollout.)
-    let mut new_status = decision.status;
-
-    // Status first: the plan and baselines are durable before any node is
-    // touched. A pass that only deletes the next pods of a written plan (or
-    // acts on nothing) sends its status (progress, gate messages) behind its
-    // deletions instead (see saferollout_core::durability).
     // The workload pods of the nodes this rollout now holds, for its device gates.
     ctx.caches
         .devices
         .node_pods
-        .set_wants(key, devices::pods_wanted(sr, &new_status));
-    let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
-    let deferred =
-        match durability::when_to_write(status, &new_status, &decision.actions, since_last_write) {
-            durability::StatusWrite::After(wait)
-                if sr.status.is_some() && *status != new_status =>
-            {
-                Some(wait)
-            }
-            _ => None,
-        };
-    let record = |new_status: &SafeRolloutStatus| {
-        let changes = transitions::between(status, new_status);
-        ctx.metrics.record_transitions(&key.0, &key.1, &changes);
-        ctx.metrics.observe_status(
-            &key.0,
-            &key.1,
-            new_status,
-            sr.spec.effective_stages().len(),
-            sr.spec
-                .progress_deadline_duration()
-                .unwrap_or(Duration::from_secs(600)),
-            nodes,
-        );
-        changes
+        .set_wants(key, devices::pods_wanted(sr, &plan.status));
+    let changes = write_planned_status(sr, ctx, key, status, &plan, nodes).await?;
+    let template_value = gathered.spec_template.as_ref().map(|(v, _, _)| v);
+    let executed = Executed {
+        sr,
+        key,
+        world: &world,
+        template_value,
+        now,
     };
-    // A status that may go behind its pass is sent in a task of its own:
-    // neither this pass's deletions nor the next pass wait for its round trip.
-    let behind = sr.status.is_some()
-        && deferred.is_none()
-        && *status != new_status
-        && durability::status_may_go_behind(status, &new_status, &decision.actions);
-    if behind {
-        writes::status_behind(ctx, key, sr, new_status.clone());
-    } else {
-        // A deferred write is the status as last written: nothing to send.
-        let to_write = if deferred.is_some() {
-            status
-        } else {
-            &new_status
-        };
-        writes::status(sr, ctx, key, status, to_write).await?;
-    }
-    let changes = record(&new_status);
+    let outcome = executed.actions(ctx, &plan, &changes).await;
+    let acted = pass_started.elapsed();
+    executed.events(ctx, &plan).await;
+    tracing::debug!(
+        target: "saferollout::pass",
+        namespace = %key.0, name = %key.1,
+        dereference_ms = dereferenced.as_secs_f64() * 1e3,
+        decide_ms = (decided - dereferenced).as_secs_f64() * 1e3,
+        write_and_act_ms = (acted - decided).as_secs_f64() * 1e3,
+        events_ms = (pass_started.elapsed() - acted).as_secs_f64() * 1e3,
+        actions = plan.actions.len(),
+        write = ?plan.write,
+        "pass"
+    );
+    Ok(match outcome? {
+        Some(requeue) => requeue,
+        None => next_pass(ctx, key, &plan),
+    })
+}
 
-    let template_value = spec_template.as_ref().map(|(v, _, _)| v);
-    // Events last: they are best effort, and a revert's template restore or a
-    // stage's first deletions must not wait for an Event's round trip. They
-    // are still published when an action fails.
-    let (events, others): (Vec<&Action>, Vec<&Action>) = decision
-        .actions
-        .iter()
-        .partition(|a| matches!(a, Action::Event { .. }));
-    let acting = async {
-        for action in others {
-            match writes::perform(sr, ctx, key, &world, template_value, action).await {
+/// When the next pass runs unless something changes: the plan's time, or
+/// when a remembered deletion or label write the caches never confirmed
+/// (one that timed out and did not happen, labels changed again meanwhile)
+/// is forgotten, whichever comes first.
+fn next_pass(ctx: &Context, key: &RolloutKey, plan: &saferollout_core::pass::Plan) -> Requeue {
+    let expiry = ctx
+        .memory(key, |m| m.expectations.next_expiry(Timestamp::now()))
+        .map(|d| d.max(Duration::from_millis(200)));
+    match [plan.requeue_after, expiry].into_iter().flatten().min() {
+        Some(d) => Requeue::requeue(d),
+        None => Requeue::await_change(),
+    }
+}
+
+/// What a pass reads beyond the caches, and when.
+struct Gathered {
+    /// `spec.template`, its hash and whether the DaemonSet carries it.
+    spec_template: Option<(serde_json::Value, String, bool)>,
+    preflight: Option<saferollout_api::PreflightStatus>,
+    proof: saferollout_core::gates::proof::ProofEvidence,
+    /// When it was read: the gates judge at this instant.
+    now: Timestamp,
+}
+
+/// Reads the evidence (a dry run, preflight, the proof gates' reads), then
+/// the caches again. Those reads can take seconds: decisions are made on
+/// the caches as they are after them, so deletions act on current
+/// readiness, not on what it was before. The gates still judge at the
+/// instant the evidence was read: a later one could close a window the
+/// reads did not cover. Evidence is keyed by pod UID and gate, so a pod
+/// replaced meanwhile has none. A DaemonSet that changed meanwhile
+/// invalidates what was read of it: `Err`, decide again. An unusable
+/// `spec.template` is reported here and ends the pass.
+async fn gather(
+    sr: &SafeRollout,
+    ctx: &Arc<Context>,
+    key: &RolloutKey,
+    status: &SafeRolloutStatus,
+    world: snapshot::World,
+) -> Result<std::result::Result<(Gathered, snapshot::World), Requeue>> {
+    let now = Timestamp::now();
+    let spec_template = match spec_template_state(sr, ctx, key, &world).await? {
+        Ok(t) => t,
+        Err(msg) => {
+            return report_invalid_template(sr, ctx, key, status, msg, now)
+                .await
+                .map(Err);
+        }
+    };
+    let preflight = run_preflight(sr, ctx, &world, status).await;
+    let proof = proof::gather(sr, ctx, key, status, &world, now).await;
+    let read_on = daemonset_version(&world);
+    let world = snapshot::dereference(sr, &ctx.caches);
+    if daemonset_version(&world) != read_on {
+        return Ok(Err(Requeue::requeue(Duration::from_millis(200))));
+    }
+    Ok(Ok((
+        Gathered {
+            spec_template,
+            preflight,
+            proof,
+            now,
+        },
+        world,
+    )))
+}
+
+/// Decides on `world` and what was `gathered`, with the caches' word on
+/// how current they are.
+fn decide(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    status: &SafeRolloutStatus,
+    world: &snapshot::World,
+    gathered: &Gathered,
+) -> (saferollout_core::Decision, crate::metrics::NodeCounts) {
+    let id = ctx.rollout_id(key);
+    let device_evidence = world.devices.evidence();
+    let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&gathered.proof);
+    evidence.devices = Some(&device_evidence);
+    let extras = Extras {
+        spec_template: gathered
+            .spec_template
+            .as_ref()
+            .map(|(_, hash, in_place)| SpecTemplate {
+                hash,
+                in_place: *in_place,
+            }),
+        preflight: gathered.preflight.as_ref(),
+        rollout_id: &id,
+        evidence,
+        limits: &ctx.limits,
+        now: gathered.now,
+        caches_heard_at: ctx.caches.heard_at_for(sr),
+    };
+    ctx.memory(key, |m| {
+        snapshot::decide(sr, status, world, extras, &mut m.expectations)
+    })
+}
+
+/// Sends the plan's status as [`saferollout_core::pass::StatusWrite`] says
+/// (before the actions, waiting for it; behind them, in a task of its own,
+/// so neither this pass's deletions nor the next pass wait for its round
+/// trip; or not now), then records what changed in the metrics (from the
+/// decided status: a deferred write is only late).
+async fn write_planned_status(
+    sr: &SafeRollout,
+    ctx: &Arc<Context>,
+    key: &RolloutKey,
+    written: &SafeRolloutStatus,
+    plan: &saferollout_core::pass::Plan,
+    nodes: crate::metrics::NodeCounts,
+) -> Result<transitions::Transitions> {
+    use saferollout_core::pass::StatusWrite;
+    match plan.write {
+        StatusWrite::Behind => writes::status_behind(ctx, key, sr, plan.status.clone()),
+        StatusWrite::Before => {
+            writes::status(sr, ctx, key, written, &plan.status).await?;
+        }
+        StatusWrite::Unchanged | StatusWrite::Deferred(_) => {}
+    }
+    let changes = transitions::between(written, &plan.status);
+    ctx.metrics.record_transitions(&key.0, &key.1, &changes);
+    ctx.metrics.observe_status(
+        &key.0,
+        &key.1,
+        &plan.status,
+        sr.spec.effective_stages().len(),
+        sr.spec
+            .progress_deadline_duration()
+            .unwrap_or(Duration::from_secs(600)),
+        nodes,
+    );
+    Ok(changes)
+}
+
+/// What the actions of one pass are performed on.
+struct Executed<'a> {
+    sr: &'a SafeRollout,
+    key: &'a RolloutKey,
+    world: &'a snapshot::World,
+    template_value: Option<&'a serde_json::Value>,
+    now: Timestamp,
+}
+
+impl Executed<'_> {
+    /// Publishes the plan's Events, after its actions whatever they did.
+    async fn events(&self, ctx: &Arc<Context>, plan: &saferollout_core::pass::Plan) {
+        for action in &plan.events {
+            // Never fails but for a closed fence, which the next pass reports.
+            let _ = writes::perform(
+                self.sr,
+                ctx,
+                self.key,
+                self.world,
+                self.template_value,
+                action,
+            )
+            .await;
+        }
+    }
+
+    /// Performs the plan's actions in order; the first that fails ends the
+    /// pass (`Some`: how it ends instead of the usual requeue).
+    async fn actions(
+        &self,
+        ctx: &Arc<Context>,
+        plan: &saferollout_core::pass::Plan,
+        changes: &transitions::Transitions,
+    ) -> Result<Option<Requeue>> {
+        let Self {
+            sr,
+            key,
+            world,
+            template_value,
+            now,
+        } = *self;
+        let mut status = plan.status.clone();
+        for action in &plan.actions {
+            match writes::perform(sr, ctx, key, world, template_value, action).await {
                 Ok(written) => {
                     if let (Action::RestoreLastGood { .. }, Some(r)) = (action, &changes.rollback)
                         && let Some(since) = r.failing_since
@@ -525,12 +632,12 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
                     }
                     if let (Action::ApplySpecTemplate, Some(g)) = (action, written) {
                         // The generation our write produced: our template, not someone's edit.
-                        let mut recorded = new_status.clone();
+                        let mut recorded = status.clone();
                         if let Some(a) = recorded.applied_template.as_mut() {
                             a.generation = Some(g);
                         }
-                        writes::status(sr, ctx, key, &new_status, &recorded).await?;
-                        new_status = recorded;
+                        writes::status(sr, ctx, key, &status, &recorded).await?;
+                        status = recorded;
                     }
                 }
                 Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
@@ -544,51 +651,15 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
                         "the API server rejected spec.template for DaemonSet {}: {}",
                         sr.spec.target_ref.name, s.message
                     );
-                    return report_invalid_template(sr, ctx, key, &new_status, msg, now)
+                    return report_invalid_template(sr, ctx, key, &status, msg, now)
                         .await
                         .map(Some);
                 }
                 Err(e) => return Err(e),
             }
         }
-        Ok::<_, Error>(None)
-    };
-    let outcome = acting.await;
-    let acted = pass_started.elapsed();
-    for action in events {
-        // Never fails but for a closed fence, which the next pass reports.
-        let _ = writes::perform(sr, ctx, key, &world, template_value, action).await;
+        Ok(None)
     }
-    tracing::debug!(
-        target: "saferollout::pass",
-        namespace = %key.0, name = %key.1,
-        dereference_ms = dereferenced.as_secs_f64() * 1e3,
-        decide_ms = (decided - dereferenced).as_secs_f64() * 1e3,
-        write_and_act_ms = (acted - decided).as_secs_f64() * 1e3,
-        events_ms = (pass_started.elapsed() - acted).as_secs_f64() * 1e3,
-        actions = decision.actions.len(),
-        behind,
-        "pass"
-    );
-    if let Some(requeue) = outcome? {
-        return Ok(requeue);
-    }
-    // A remembered deletion or label write the cache never confirms (one that
-    // timed out and did not happen, labels changed again meanwhile) is
-    // forgotten after a while: decide again then.
-    let deletion_expiry = ctx
-        .memory(key, |m| m.expectations.next_expiry(Timestamp::now()))
-        .map(|d| d.max(Duration::from_millis(200)));
-    Ok(
-        match [decision.requeue_after, deferred, deletion_expiry]
-            .into_iter()
-            .flatten()
-            .min()
-        {
-            Some(d) => Requeue::requeue(d),
-            None => Requeue::await_change(),
-        },
-    )
 }
 
 /// How often a pass held by stale caches looks again (the caches' recovery
