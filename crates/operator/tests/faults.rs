@@ -139,14 +139,30 @@ where
 /// The operator as its ServiceAccount, watching the test's namespace,
 /// reaching the API server through the proxy only.
 fn operator(env: &Env) -> anyhow::Result<Operator> {
-    let args: Vec<String> = ["--namespace", &env.ns.name, "--metrics-addr", "127.0.0.1:0"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    operator_through(&env.proxy, &env.ns.name, 0, "faults")
+}
+
+/// An operator watching `ns` through `proxy` as its ServiceAccount, serving
+/// metrics on loopback `port` (0: any), logging to a file named after `what`.
+fn operator_through(
+    proxy: &FaultProxy,
+    ns: &str,
+    port: u16,
+    what: &str,
+) -> anyhow::Result<Operator> {
+    let args: Vec<String> = [
+        "--namespace",
+        ns,
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     Operator::start(
-        Identity::Impersonate(&env.proxy.kubeconfig, OPERATOR_SA),
+        Identity::Impersonate(&proxy.kubeconfig, OPERATOR_SA),
         &args,
-        &format!("faults-{}", env.ns.name),
+        &format!("{what}-{ns}"),
     )
 }
 
@@ -590,20 +606,7 @@ async fn a_silent_pods_watch_holds_the_rollout_until_it_speaks_again() -> anyhow
     let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
     create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
     let port = free_loopback_port()?;
-    let args: Vec<String> = [
-        "--namespace",
-        &env.ns.name,
-        "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut op = Operator::start(
-        Identity::Impersonate(&env.proxy.kubeconfig, OPERATOR_SA),
-        &args,
-        &format!("silent-{}", env.ns.name),
-    )?;
+    let mut op = operator_through(&env.proxy, &env.ns.name, port, "silent")?;
     let mut spec = default_spec(&env.resource, v1);
     spec["maxUnavailable"] = json!(1);
     spec["progressDeadline"] = json!(format!("{}s", DEADLINE.as_secs()));
