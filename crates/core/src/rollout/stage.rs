@@ -53,8 +53,16 @@ pub(super) fn roll(
         phase::paused(st, o, "Paused", msg);
         return None;
     }
-    if preflight_blocks(o, st, actions, target) {
-        return None;
+    match preflight(o, st, actions, target) {
+        Preflight::Go => {}
+        Preflight::Blocked => return None,
+        Preflight::Pending => {
+            let msg = format!(
+                "waiting for the preflight of revision {target} (spec.preflight.policy: Enforce): nothing is replaced before it passes"
+            );
+            phase::keep_working(st, o, "PreflightPending", &msg);
+            return Some(PREFLIGHT_RECHECK);
+        }
     }
     let stage_specs = o.spec.effective_stages();
     let index = (st.current_stage.unwrap_or(0).max(0) as usize).min(stage_specs.len() - 1);
@@ -722,14 +730,29 @@ fn advance(
     None
 }
 
-/// Records preflight results for `target`; true when they block the rollout
-/// (policy Enforce, an error finding, no stage started yet).
-fn preflight_blocks(
+/// Whether a rollout of `target` may start, as far as preflight goes.
+enum Preflight {
+    Go,
+    /// Policy Enforce, an error finding, no stage started yet.
+    Blocked,
+    /// Policy Enforce, no stage started yet, and no results for `target`
+    /// in this pass (the operator read the cluster before the DaemonSet's
+    /// revision of it existed): an Enforce policy never lets a rollout start
+    /// unchecked.
+    Pending,
+}
+
+/// How soon a rollout waiting for its preflight looks again.
+const PREFLIGHT_RECHECK: Duration = Duration::from_secs(1);
+
+/// Records preflight results for `target` and says whether they let the
+/// rollout start.
+fn preflight(
     o: &Observed,
     st: &mut SafeRolloutStatus,
     actions: &mut Vec<Action>,
     target: &str,
-) -> bool {
+) -> Preflight {
     let policy = o
         .spec
         .preflight
@@ -737,13 +760,20 @@ fn preflight_blocks(
         .map(|p| p.policy)
         .unwrap_or_default();
     if policy == PreflightPolicy::Skip {
-        return false;
+        return Preflight::Go;
     }
     if let Some(fresh) = o.preflight.filter(|p| p.revision == target) {
         st.preflight = Some(fresh.clone());
     }
     let Some(p) = st.preflight.as_ref().filter(|p| p.revision == target) else {
-        return false;
+        let unchecked = policy == PreflightPolicy::Enforce
+            && st.stages.is_empty()
+            && crate::preflight::needed(o.spec, o.status, target);
+        return if unchecked {
+            Preflight::Pending
+        } else {
+            Preflight::Go
+        };
     };
     let mut msg = format!(
         "preflight of revision {target}: {} error(s), {} warning(s)",
@@ -778,6 +808,7 @@ fn preflight_blocks(
             "PreflightFailed",
             format!("{msg} (spec.preflight.policy: Enforce)"),
         );
+        return Preflight::Blocked;
     }
-    blocked
+    Preflight::Go
 }

@@ -523,6 +523,37 @@ fn a_deadline_is_missed_only_on_caches_that_heard_the_cluster_after_it_passed() 
 }
 
 #[test]
+fn an_enforced_preflight_never_lets_a_rollout_start_unchecked() {
+    // The model computes no preflight, as an operator pass that read the
+    // cluster before the new template's ControllerRevision existed.
+    let mut m = settled(4);
+    m.spec.preflight = Some(saferollout_api::Preflight {
+        policy: saferollout_api::PreflightPolicy::Enforce,
+    });
+    m.write_revision("v2", Release::Healthy);
+    // It never settles: it keeps looking for its preflight.
+    for _ in 0..100 {
+        m.one_reconcile();
+    }
+    let d = m.one_reconcile();
+    assert_eq!(d.status.target_revision.as_deref(), Some("v2"));
+    assert!(
+        d.requeue_after.is_some_and(|r| r <= Duration::from_secs(1)),
+        "looks again for its preflight soon: {d:?}"
+    );
+    assert_eq!(m.pods_on("v2"), 0, "a node was replaced unchecked");
+    assert!(m.status.stages.is_empty(), "{:#?}", m.status);
+    assert!(
+        m.actions_log
+            .iter()
+            .all(|a| !matches!(a, Action::DeletePods { .. })),
+        "{:?}",
+        m.actions_log
+    );
+    no_violations(&m);
+}
+
+#[test]
 fn a_large_stage_replaced_one_by_one_is_not_reverted_for_being_large() {
     // 40 nodes, one at a time, 2 s each: 80 s, far beyond a 30 s deadline
     // counted from the stage start, but progress never stops for 30 s.

@@ -218,12 +218,20 @@ pub async fn reconcile(sr: Arc<SafeRollout>, ctx: Arc<Context>) -> Result<Requeu
     result
 }
 
-/// The target DaemonSet's identity and generation, as `world` has it.
-fn daemonset_version(world: &snapshot::World) -> Option<(Option<String>, Option<i64>)> {
-    world
-        .ds
-        .as_ref()
-        .map(|d| (d.metadata.uid.clone(), d.metadata.generation))
+/// The target DaemonSet's identity, generation and current revision, as
+/// `world` has it. (The revision too: the DaemonSet controller writes a new
+/// template's ControllerRevision moments after the template, and preflight
+/// read on a world without it has nothing for the rollout it would start.)
+fn daemonset_version(
+    world: &snapshot::World,
+) -> Option<(Option<String>, Option<i64>, Option<String>)> {
+    world.ds.as_ref().map(|d| {
+        (
+            d.metadata.uid.clone(),
+            d.metadata.generation,
+            world.current_revision().map(str::to_string),
+        )
+    })
 }
 
 /// A pass that panicked: its memory is dropped (nothing in it is needed for
