@@ -10,10 +10,12 @@
 //! they compare with literals and use `in` on a literal list, which cost O(1) in
 //! the string's size.
 
-use schemars::{Schema, SchemaGenerator, json_schema};
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde_json::{Value, json};
 
-use crate::duration::{DURATION_MAX_LENGTH, DURATION_REGEX};
+use crate::duration::{DURATION_MAX_LENGTH, DURATION_REGEX, DurationString};
 
 /// DNS-1123 subdomain, as RE2 without backslashes.
 pub const DNS1123_SUBDOMAIN_REGEX: &str =
@@ -114,6 +116,23 @@ pub(crate) fn duration(field: &str, positive: bool) -> Schema {
         "maxLength": DURATION_MAX_LENGTH,
         "x-kubernetes-validations": rules,
     })
+}
+
+/// A duration field's schema: the grammar rule, named for no field in
+/// particular (fields name themselves with `schema_with`). Here rather than
+/// in `duration`, which the schema helpers read.
+impl JsonSchema for DurationString {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "DurationString".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        duration("this field", false)
+    }
 }
 
 /// A positive duration schema of at most `max` (a Go duration such as
