@@ -17,7 +17,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Toleration;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -26,7 +25,19 @@ use serde_json::json;
 use crate::consts::BASELINE;
 use crate::duration::DurationString;
 use crate::intstr::{Bound, BoundError, parse_bound};
-use crate::schema::{EXTENDED_RESOURCE_REGEX, INT32_MAX, duration, rule};
+use crate::schema::{
+    DNS1123_SUBDOMAIN_REGEX, INT32_MAX, MSG_DRIVER, MSG_HEALTH_RESOURCE, add_rules, driver_name,
+    duration, health_resource, optional_driver_name, rule, string_rule,
+};
+
+pub use crate::failure::{
+    MSG_QUARANTINE_DRIVER_SCOPE, MSG_QUARANTINE_NONE_RESOURCE, MSG_QUARANTINE_ONE_OF,
+    MSG_QUARANTINE_RESOURCE_SCOPE, MSG_QUARANTINE_TARGET, OnFailure, QuarantineEffect,
+    QuarantineSpec, QuarantineTarget,
+};
+pub use crate::status::{
+    MAX_RECORDED, NodeDevices, QuarantineRecord, QuarantinedPool, StoppedRollout,
+};
 
 // ---------------------------------------------------------------------------
 // Spec
@@ -189,79 +200,6 @@ pub struct DeviceTaintsGate {
     pub soak: DurationString,
 }
 
-/// What the operator does when a gate fails.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
-pub enum OnFailure {
-    /// Block the revision and bring every node back to the last good
-    /// template (nodes whose agent failed first).
-    #[default]
-    Revert,
-    /// For drivers that cannot go back: block the revision, replace nothing
-    /// more, keep the new driver where it runs, and take the failed nodes'
-    /// devices out of service (a DeviceTaintRule per node for a DRA driver,
-    /// a node taint for a device plugin) until a retry or the SafeRollout's
-    /// deletion.
-    Quarantine,
-    /// Block the revision and change nothing more.
-    Halt,
-}
-
-impl OnFailure {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnFailure::Revert => "Revert",
-            OnFailure::Quarantine => "Quarantine",
-            OnFailure::Halt => "Halt",
-        }
-    }
-}
-
-/// The effect of a quarantine.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-pub enum QuarantineEffect {
-    /// No new workload gets the devices (or, for a device plugin, the node).
-    #[default]
-    NoSchedule,
-    /// Also evicts the workloads that use them. Refused unless the
-    /// operator's administrator allowed it (`--quarantine-allow-no-execute`,
-    /// chart value `quarantine.allowNoExecute`).
-    NoExecute,
-    /// DRA drivers only, a preview (KEP-5055): the DeviceTaintRule takes
-    /// nothing out of service, and its status says how many pods a
-    /// `NoExecute` rule would evict, which the operator reports.
-    None,
-}
-
-impl QuarantineEffect {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QuarantineEffect::NoSchedule => "NoSchedule",
-            QuarantineEffect::NoExecute => "NoExecute",
-            QuarantineEffect::None => "None",
-        }
-    }
-}
-
-/// `spec.quarantine`: how `onFailure: Quarantine` takes devices out of
-/// service. What is quarantined defaults to what the gates name: the DRA
-/// driver of the device gates, else the device plugin's resource of
-/// `gates.deviceHealth` or the first `gates.allocatable` entry.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct QuarantineSpec {
-    /// NoSchedule (default) or NoExecute.
-    #[serde(default)]
-    pub effect: QuarantineEffect,
-    /// The DRA driver whose devices are tainted (a DeviceTaintRule per node).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "optional_driver_name")]
-    pub driver: Option<String>,
-    /// Or the device plugin's extended resource (a node taint).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "health_resource")]
-    pub resource: Option<String>,
-}
-
 fn default_bound() -> IntOrString {
     IntOrString::String(BASELINE.to_string())
 }
@@ -348,15 +286,6 @@ impl ClaimProbe {
     }
 }
 
-/// What `onFailure: Quarantine` takes out of service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QuarantineTarget {
-    /// A DRA driver's devices: DeviceTaintRules.
-    Driver(String),
-    /// A device plugin's resource: a node taint.
-    Resource(String),
-}
-
 impl crate::spec::SafeRolloutSpec {
     /// The one DRA driver the device gates name (the schema makes them agree).
     pub fn device_driver(&self) -> Option<&str> {
@@ -438,109 +367,8 @@ impl crate::spec::SafeRolloutSpec {
 }
 
 // ---------------------------------------------------------------------------
-// Status
-
-/// What a node had of the gated DRA driver before the stage touched it.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeDevices {
-    /// The pools the driver published for the node.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pools: Vec<String>,
-    /// Devices published in those pools.
-    #[serde(default)]
-    pub devices: i64,
-    /// Total of each shared counter (e.g. memory) over the pools.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub counters: BTreeMap<String, i64>,
-    /// Total of each device capacity (e.g. memory) over the devices.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub capacity: BTreeMap<String, i64>,
-    /// Tainted devices, `<device>: <key>=<value>:<effect>`, sorted; at most
-    /// 64 (`taintsTotal` counts them all).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub taints: Vec<String>,
-    #[serde(default)]
-    pub taints_total: i64,
-    /// ResourceClaims allocated on the node and reserved for a pod,
-    /// `<namespace>/<name>`, sorted; at most 64 (`claimsTotal` counts them).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub claims: Vec<String>,
-    #[serde(default)]
-    pub claims_total: i64,
-}
-
-/// Most taints and claims recorded per node (the rest are counted).
-pub const MAX_RECORDED: usize = 64;
-
-/// A rollout stopped by `onFailure: Quarantine` or `Halt`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct StoppedRollout {
-    /// The revision whose gate failed; nothing more changes while the
-    /// DaemonSet carries it.
-    pub revision: String,
-    /// Quarantine or Halt.
-    pub policy: OnFailure,
-    /// Which gate failed where.
-    #[serde(default)]
-    pub message: String,
-    /// The nodes whose agent failed the gate (they keep the new release).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<String>,
-    pub stopped_at: Time,
-    /// What is out of service, for Quarantine.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quarantine: Option<QuarantineRecord>,
-}
-
-/// What a quarantine took out of service; removed by a retry of the
-/// revision or the SafeRollout's deletion.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct QuarantineRecord {
-    /// NoSchedule, NoExecute or None.
-    pub effect: String,
-    /// DRA: the driver whose devices a DeviceTaintRule per node and pool
-    /// taints with `saferollout.dev/quarantine`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver: Option<String>,
-    /// Device plugin: the resource; each node gets the taint
-    /// `quarantine.saferollout.dev/<rollout>=<resource>:<effect>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource: Option<String>,
-    /// The nodes out of service (those whose agent failed, with those of an
-    /// earlier quarantine still in force).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<String>,
-    /// DRA: the pools taken out of service.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pools: Vec<QuarantinedPool>,
-    /// Failed nodes left out: the agent publishes nothing of the driver (or
-    /// advertises nothing of the resource) there, so there is nothing of it
-    /// to take out of service.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
-    /// Effect None: what the cluster says a NoExecute rule would evict,
-    /// `<node>/<pool>: <message>` (counts of pods and namespaces).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub preview: Vec<String>,
-}
-
-/// One node's pool under quarantine.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct QuarantinedPool {
-    pub node: String,
-    pub pool: String,
-}
-
-// ---------------------------------------------------------------------------
 // Schema
 
-/// Message of the rule on a DRA driver name.
-pub const MSG_DRIVER: &str =
-    "must be a DRA driver name: a DNS subdomain of at most 63 characters, such as gpu.nvidia.com";
 /// Message of the rule on `minDevices`.
 pub const MSG_MIN_DEVICES: &str =
     "gates.resourceSlices.minDevices must be \"baseline\" or an integer >= 0";
@@ -552,8 +380,6 @@ pub const MSG_MIN_ABOVE_MAX_DEVICES: &str =
     "gates.resourceSlices.minDevices must not be greater than maxDevices";
 /// Message of the rule on `deviceHealth`.
 pub const MSG_HEALTH_ONE_OF: &str = "gates.deviceHealth must set exactly one of driver (a DRA driver's devices) or resource (a device plugin's extended resource)";
-/// Message of the rule on `deviceHealth.resource` and `quarantine.resource`.
-pub const MSG_HEALTH_RESOURCE: &str = "must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
 /// Message of the rule on `claims.probe`.
 pub const MSG_PROBE_ONE_OF: &str =
     "gates.claims.probe must set exactly one of deviceClassName or claimTemplateName";
@@ -562,55 +388,12 @@ pub const MSG_OBJECT_NAME: &str =
     "must be an object name: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')";
 /// Message of the rule that the device gates name one driver.
 pub const MSG_ONE_DRIVER: &str = "gates.resourceSlices, gates.claims, gates.deviceTaints and gates.deviceHealth must name the same driver (one DRA driver per SafeRollout)";
-/// Message of the rule that Quarantine has something to quarantine.
-pub const MSG_QUARANTINE_TARGET: &str = "onFailure: Quarantine needs devices to quarantine: a DRA driver (gates.resourceSlices, claims, deviceTaints or deviceHealth.driver, or quarantine.driver) or a device plugin's resource (gates.allocatable, deviceHealth.resource or quarantine.resource)";
-/// Message of the rule on `quarantine`.
-pub const MSG_QUARANTINE_ONE_OF: &str = "quarantine may set driver or resource, not both";
-/// Message of the rule that a quarantine's driver is the gated driver.
-pub const MSG_QUARANTINE_DRIVER_SCOPE: &str = "quarantine.driver must be the DRA driver the device gates judge (a quarantine takes out of service only what this rollout's agent publishes)";
-/// Message of the rule that a quarantine's resource is a gated resource.
-pub const MSG_QUARANTINE_RESOURCE_SCOPE: &str = "quarantine.resource must be a resource the gates judge (gates.allocatable[].resource or gates.deviceHealth.resource): a quarantine takes out of service only what this rollout's agent advertises";
-/// Message of the rule that effect None is for DRA drivers.
-pub const MSG_QUARANTINE_NONE_RESOURCE: &str = "quarantine.effect None is a DeviceTaintRule preview for DRA drivers; node taints (quarantine.resource) have no None effect";
-
-/// The DNS-1123 subdomain regex (RE2) limited to 63 characters by maxLength.
-const DNS_SUBDOMAIN: &str = crate::schema::DNS1123_SUBDOMAIN_REGEX;
-
-fn string_rule(max: u32, cel: &str, message: &str) -> Schema {
-    json_schema!({
-        "type": "string",
-        "maxLength": max,
-        "x-kubernetes-validations": [rule(cel, message)],
-    })
-}
-
-pub(crate) fn driver_name(_: &mut SchemaGenerator) -> Schema {
-    string_rule(
-        63,
-        &format!("self.matches('{DNS_SUBDOMAIN}')"),
-        &format!("driver {MSG_DRIVER}"),
-    )
-}
-
-pub(crate) fn optional_driver_name(g: &mut SchemaGenerator) -> Schema {
-    driver_name(g)
-}
 
 pub(crate) fn object_name(_: &mut SchemaGenerator) -> Schema {
     string_rule(
         253,
-        &format!("self.matches('{DNS_SUBDOMAIN}')"),
+        &format!("self.matches('{DNS1123_SUBDOMAIN_REGEX}')"),
         MSG_OBJECT_NAME,
-    )
-}
-
-pub(crate) fn health_resource(_: &mut SchemaGenerator) -> Schema {
-    string_rule(
-        317,
-        &format!(
-            "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
-        ),
-        &format!("resource {MSG_HEALTH_RESOURCE}"),
     )
 }
 
@@ -649,10 +432,6 @@ pub(crate) fn handover(_: &mut SchemaGenerator) -> Schema {
 
 pub(crate) fn probe_timeout(_: &mut SchemaGenerator) -> Schema {
     duration("gates.claims.probe.timeout", true)
-}
-
-fn add_rules(s: &mut Schema, rules: serde_json::Value) {
-    s.insert("x-kubernetes-validations".into(), rules);
 }
 
 fn devices_bounds_rule(s: &mut Schema) {
@@ -698,65 +477,6 @@ pub(crate) fn gates_rules(s: &mut Schema) {
             &format!("{drivers}.filter(d, d != '').all(d, d == {drivers}.filter(e, e != '')[0])"),
             MSG_ONE_DRIVER
         )]),
-    );
-}
-
-/// The rules on `spec` about the failure policy.
-pub(crate) fn spec_rules(s: &mut Schema) {
-    let quarantine_target = "!has(self.onFailure) || self.onFailure != 'Quarantine' \
-        || (has(self.quarantine) && (has(self.quarantine.driver) || has(self.quarantine.resource))) \
-        || (has(self.gates) && (has(self.gates.resourceSlices) || has(self.gates.claims) \
-            || has(self.gates.deviceTaints) || has(self.gates.deviceHealth) \
-            || (has(self.gates.allocatable) && size(self.gates.allocatable) > 0)))";
-    // The quarantine takes out of service only what the rollout judges: the
-    // driver of the device gates, or a resource the gates name.
-    let gated_driver = "(has(self.gates.resourceSlices) ? self.gates.resourceSlices.driver : \
-        has(self.gates.claims) ? self.gates.claims.driver : \
-        has(self.gates.deviceTaints) ? self.gates.deviceTaints.driver : \
-        has(self.gates.deviceHealth) && has(self.gates.deviceHealth.driver) ? self.gates.deviceHealth.driver : '')";
-    let quarantine_driver = format!(
-        "!has(self.quarantine) || !has(self.quarantine.driver) || !has(self.gates) \
-         || {gated_driver} == '' || {gated_driver} == self.quarantine.driver"
-    );
-    let gated_resources = "((has(self.gates.allocatable) ? self.gates.allocatable.map(a, a.resource) : []) \
-        + (has(self.gates.deviceHealth) && has(self.gates.deviceHealth.resource) ? [self.gates.deviceHealth.resource] : []))";
-    let quarantine_resource = format!(
-        "!has(self.quarantine) || !has(self.quarantine.resource) || !has(self.gates) \
-         || size({gated_resources}) == 0 || self.quarantine.resource in {gated_resources}"
-    );
-    add_rules(
-        s,
-        json!([
-            {
-                "rule": quarantine_target,
-                "message": MSG_QUARANTINE_TARGET,
-                "fieldPath": ".onFailure",
-            },
-            {
-                "rule": quarantine_driver,
-                "message": MSG_QUARANTINE_DRIVER_SCOPE,
-                "fieldPath": ".quarantine.driver",
-            },
-            {
-                "rule": quarantine_resource,
-                "message": MSG_QUARANTINE_RESOURCE_SCOPE,
-                "fieldPath": ".quarantine.resource",
-            },
-        ]),
-    );
-}
-
-pub(crate) fn quarantine_rules(s: &mut Schema) {
-    add_rules(
-        s,
-        json!([
-            rule("!has(self.driver) || !has(self.resource)", MSG_QUARANTINE_ONE_OF),
-            {
-                "rule": "!has(self.resource) || !has(self.effect) || self.effect != 'None'",
-                "message": MSG_QUARANTINE_NONE_RESOURCE,
-                "fieldPath": ".effect",
-            },
-        ]),
     );
 }
 

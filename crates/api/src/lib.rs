@@ -12,11 +12,10 @@
 //! The CRD schema rejects nonsense with CEL rules whose messages name the
 //! field; see `tests/malformed/` at the repository root for examples.
 
-pub mod baseline;
 pub mod consts;
-pub mod device_baseline;
 pub mod devices;
 pub mod duration;
+pub mod failure;
 pub mod intstr;
 pub mod proof;
 pub mod quantity;
@@ -24,6 +23,9 @@ pub mod schema;
 pub mod spec;
 pub mod status;
 pub mod validate;
+
+/// The wire forms of a stage's baselines, at their former paths.
+pub use status::{baseline, device_baseline};
 
 pub use consts::*;
 pub use devices::{

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
@@ -17,11 +16,12 @@ use serde_json::json;
 
 use crate::duration::DurationString;
 use crate::intstr::parse_percent;
+pub use crate::status::{Measurements, ProbeRecord};
+
 use crate::schema::{
     DNS1123_SUBDOMAIN_REGEX, EXTENDED_RESOURCE_REGEX, INT32_MAX, count_or_percent_rule, duration,
     rule,
 };
-use crate::status::GateStatus;
 
 /// Gate name of the probe gate, as written in `GateResult.gate`.
 pub const GATE_PROBE: &str = "probe";
@@ -378,41 +378,6 @@ pub struct PrometheusGate {
     /// appears in status, events or logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_secret: Option<SecretKeyRef>,
-}
-
-/// The probe gate's record of one node (in `stages[].probes`): the verdict
-/// stays after the probe pod is deleted.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ProbeRecord {
-    /// The node probed.
-    pub node: String,
-    /// The probe pod's name.
-    pub pod: String,
-    /// Pending (running), Passed or Failed.
-    #[serde(default)]
-    pub status: GateStatus,
-    /// CamelCase reason, e.g. Succeeded, Unschedulable, ExitCode, Timeout.
-    #[serde(default)]
-    pub reason: String,
-    /// What the probe showed: the scheduler's message, the exit code and
-    /// the last lines of its log (truncated, secrets masked).
-    #[serde(default)]
-    pub message: String,
-    /// When the probe was asked for (its timeout counts from here).
-    pub since: Time,
-}
-
-/// The measurements a prometheus gate took on a stage (in its GateResult).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Measurements {
-    pub passed: i32,
-    pub failed: i32,
-    pub inconclusive: i32,
-    /// When the last measurement was taken (the next is due an interval later).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last: Option<Time>,
 }
 
 impl Default for LogsGate {

@@ -51,6 +51,12 @@ pub const MSG_MAX: &str = "gates.allocatable[].max must be \"baseline\", \"capac
 /// Message of the rule comparing `min` and `max` of an allocatable gate.
 pub const MSG_MIN_ABOVE_MAX: &str = "gates.allocatable[].min must not be greater than max";
 
+/// Message of the rule on a DRA driver name.
+pub const MSG_DRIVER: &str =
+    "must be a DRA driver name: a DNS subdomain of at most 63 characters, such as gpu.nvidia.com";
+/// Message of the rule on `deviceHealth.resource` and `quarantine.resource`.
+pub const MSG_HEALTH_RESOURCE: &str = "must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
+
 /// Message of the grammar rule on a duration field.
 pub fn duration_message(field: &str) -> String {
     format!(
@@ -235,6 +241,50 @@ pub(crate) fn allocatable_max(_: &mut SchemaGenerator) -> Schema {
 
 pub(crate) fn allocatable_soak(_: &mut SchemaGenerator) -> Schema {
     duration("gates.allocatable[].soak", false)
+}
+
+// Names shared by the device gates and the quarantine.
+
+/// The DNS-1123 subdomain regex (RE2) limited to 63 characters by maxLength.
+const DNS_SUBDOMAIN: &str = DNS1123_SUBDOMAIN_REGEX;
+
+/// A string of at most `max` bytes with one rule.
+pub(crate) fn string_rule(max: u32, cel: &str, message: &str) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": max,
+        "x-kubernetes-validations": [rule(cel, message)],
+    })
+}
+
+/// A DRA driver name (the device gates' `driver`, `quarantine.driver`).
+pub(crate) fn driver_name(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        63,
+        &format!("self.matches('{DNS_SUBDOMAIN}')"),
+        &format!("driver {MSG_DRIVER}"),
+    )
+}
+
+pub(crate) fn optional_driver_name(g: &mut SchemaGenerator) -> Schema {
+    driver_name(g)
+}
+
+/// A device plugin's extended resource (`gates.deviceHealth.resource`,
+/// `quarantine.resource`).
+pub(crate) fn health_resource(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        317,
+        &format!(
+            "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
+        ),
+        &format!("resource {MSG_HEALTH_RESOURCE}"),
+    )
+}
+
+/// Sets the `x-kubernetes-validations` of a schema.
+pub(crate) fn add_rules(s: &mut Schema, rules: serde_json::Value) {
+    s.insert("x-kubernetes-validations".into(), rules);
 }
 
 /// Marks a per-node field of a stage's status (a map or a list) atomic for

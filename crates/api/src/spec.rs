@@ -16,6 +16,7 @@ use crate::devices::{
     ResourceSlicesGate,
 };
 use crate::duration::{DurationError, DurationString};
+use crate::failure;
 use crate::intstr::{Bound, BoundError, parse_bound};
 use crate::schema;
 use crate::status::SafeRolloutStatus;
@@ -46,7 +47,7 @@ use crate::status::SafeRolloutStatus;
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = devices::spec_rules)]
+#[schemars(transform = failure::spec_rules)]
 pub struct SafeRolloutSpec {
     /// The DaemonSet to roll out. It must be in the SafeRollout's namespace.
     pub target_ref: TargetRef,
@@ -119,7 +120,7 @@ pub struct SafeRolloutSpec {
 
     /// How `onFailure: Quarantine` takes devices out of service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(transform = devices::quarantine_rules)]
+    #[schemars(transform = failure::quarantine_rules)]
     pub quarantine: Option<QuarantineSpec>,
 }
 
