@@ -26,15 +26,17 @@ use crate::consts::BASELINE;
 use crate::duration::DurationString;
 use crate::intstr::{Bound, BoundError, parse_bound};
 use crate::schema::{
-    DNS1123_SUBDOMAIN_REGEX, INT32_MAX, MSG_DRIVER, MSG_HEALTH_RESOURCE, add_rules, driver_name,
-    duration, health_resource, optional_driver_name, rule, string_rule,
+    DNS1123_SUBDOMAIN_REGEX, INT32_MAX, add_rules, driver_name, duration, health_resource,
+    optional_driver_name, rule, string_rule,
 };
+use crate::validate::{Errors, Validate, is_dns1123_subdomain};
 
 pub use crate::failure::{
     MSG_QUARANTINE_DRIVER_SCOPE, MSG_QUARANTINE_NONE_RESOURCE, MSG_QUARANTINE_ONE_OF,
     MSG_QUARANTINE_RESOURCE_SCOPE, MSG_QUARANTINE_TARGET, OnFailure, QuarantineEffect,
     QuarantineSpec, QuarantineTarget,
 };
+pub use crate::schema::{MSG_DRIVER, MSG_HEALTH_RESOURCE};
 pub use crate::status::{
     MAX_RECORDED, NodeDevices, QuarantineRecord, QuarantinedPool, StoppedRollout,
 };
@@ -286,86 +288,6 @@ impl ClaimProbe {
     }
 }
 
-impl crate::spec::SafeRolloutSpec {
-    /// The one DRA driver the device gates name (the schema makes them agree).
-    pub fn device_driver(&self) -> Option<&str> {
-        let g = self.gates.as_ref()?;
-        g.resource_slices
-            .as_ref()
-            .map(|s| s.driver.as_str())
-            .or(g.claims.as_ref().map(|c| c.driver.as_str()))
-            .or(g.device_taints.as_ref().map(|t| t.driver.as_str()))
-            .or(g.device_health.as_ref().and_then(|h| h.driver.as_deref()))
-    }
-
-    /// What a quarantine takes out of service: `spec.quarantine`'s driver or
-    /// resource, else the driver of the device gates, else the device
-    /// plugin's resource of `gates.deviceHealth` or `gates.allocatable[0]`.
-    pub fn quarantine_target(&self) -> Option<QuarantineTarget> {
-        let q = self.quarantine.as_ref();
-        if let Some(d) = q.and_then(|q| q.driver.as_ref()) {
-            return Some(QuarantineTarget::Driver(d.clone()));
-        }
-        if let Some(r) = q.and_then(|q| q.resource.as_ref()) {
-            return Some(QuarantineTarget::Resource(r.clone()));
-        }
-        if let Some(d) = self.device_driver() {
-            return Some(QuarantineTarget::Driver(d.to_string()));
-        }
-        let g = self.gates.as_ref()?;
-        g.device_health
-            .as_ref()
-            .and_then(|h| h.resource.clone())
-            .or_else(|| g.allocatable.first().map(|a| a.resource.clone()))
-            .map(QuarantineTarget::Resource)
-    }
-
-    /// The device plugins' resources the gates judge (`gates.allocatable`,
-    /// `gates.deviceHealth.resource`).
-    pub fn gated_resources(&self) -> Vec<&str> {
-        let Some(g) = self.gates.as_ref() else {
-            return Vec::new();
-        };
-        g.allocatable
-            .iter()
-            .map(|a| a.resource.as_str())
-            .chain(g.device_health.as_ref().and_then(|h| h.resource.as_deref()))
-            .collect()
-    }
-
-    /// Where `spec.quarantine` names something this rollout does not judge
-    /// (another driver than the device gates', a resource the gates do not
-    /// name), as (field, why): the schema's rules, which the operator
-    /// checks again.
-    pub fn quarantine_out_of_scope(&self) -> Vec<(&'static str, &'static str)> {
-        let Some(q) = self.quarantine.as_ref() else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        if let (Some(d), Some(gated)) = (&q.driver, self.device_driver())
-            && d != gated
-        {
-            out.push(("spec.quarantine.driver", MSG_QUARANTINE_DRIVER_SCOPE));
-        }
-        let gated = self.gated_resources();
-        if let Some(r) = &q.resource
-            && !gated.is_empty()
-            && !gated.contains(&r.as_str())
-        {
-            out.push(("spec.quarantine.resource", MSG_QUARANTINE_RESOURCE_SCOPE));
-        }
-        out
-    }
-
-    /// The quarantine's effect.
-    pub fn quarantine_effect(&self) -> QuarantineEffect {
-        self.quarantine
-            .as_ref()
-            .map(|q| q.effect)
-            .unwrap_or_default()
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Schema
 
@@ -483,159 +405,105 @@ pub(crate) fn gates_rules(s: &mut Schema) {
 // ---------------------------------------------------------------------------
 // Client-side validation (mirrors the rules above; see crate::validate)
 
-/// Field errors of the device gates and the failure policy.
-pub(crate) fn validate(spec: &crate::spec::SafeRolloutSpec, push: &mut dyn FnMut(String, String)) {
-    use crate::validate::{is_dns1123_subdomain, is_extended_resource_name};
-    let driver_ok = |d: &str| d.len() <= 63 && is_dns1123_subdomain(d);
-    let check_driver = |push: &mut dyn FnMut(String, String), path: &str, d: &str| {
-        if !driver_ok(d) {
-            push(path.to_string(), format!("driver {MSG_DRIVER}"));
+impl Validate for ResourceSlicesGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        errors.check_driver(&format!("{path}.driver"), &self.driver);
+        if !is_baseline_bound(&self.min_devices) {
+            errors.push(format!("{path}.minDevices"), MSG_MIN_DEVICES);
         }
-    };
-    let check_resource = |push: &mut dyn FnMut(String, String), path: &str, r: &str| {
-        if r.len() > 317 || !is_extended_resource_name(r) {
-            push(path.to_string(), format!("resource {MSG_HEALTH_RESOURCE}"));
+        if !is_baseline_bound(&self.max_devices) {
+            errors.push(format!("{path}.maxDevices"), MSG_MAX_DEVICES);
         }
-    };
-    let check_duration = |push: &mut dyn FnMut(String, String),
-                          path: &str,
-                          field: &str,
-                          v: &DurationString,
-                          positive: bool| {
-        if let Some(msg) = crate::validate::duration_error(field, v, positive) {
-            push(path.to_string(), msg);
+        if let (IntOrString::Int(min), IntOrString::Int(max)) =
+            (&self.min_devices, &self.max_devices)
+            && min > max
+        {
+            errors.push(format!("{path}.minDevices"), MSG_MIN_ABOVE_MAX_DEVICES);
         }
-    };
-    let is_baseline_bound = |v: &IntOrString| match v {
+        errors.check_duration(
+            &format!("{path}.soak"),
+            "gates.resourceSlices.soak",
+            &self.soak,
+            false,
+        );
+    }
+}
+
+/// `minDevices`, `maxDevices`: "baseline" or an integer >= 0.
+fn is_baseline_bound(v: &IntOrString) -> bool {
+    match v {
         IntOrString::Int(n) => *n >= 0,
         IntOrString::String(s) => s == BASELINE,
-    };
+    }
+}
 
-    if let Some(g) = &spec.gates {
-        if let Some(s) = &g.resource_slices {
-            let p = "spec.gates.resourceSlices";
-            check_driver(push, &format!("{p}.driver"), &s.driver);
-            if !is_baseline_bound(&s.min_devices) {
-                push(format!("{p}.minDevices"), MSG_MIN_DEVICES.into());
-            }
-            if !is_baseline_bound(&s.max_devices) {
-                push(format!("{p}.maxDevices"), MSG_MAX_DEVICES.into());
-            }
-            if let (IntOrString::Int(min), IntOrString::Int(max)) = (&s.min_devices, &s.max_devices)
-                && min > max
+impl Validate for ClaimsGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        errors.check_driver(&format!("{path}.driver"), &self.driver);
+        self.probe.validate(&format!("{path}.probe"), errors);
+    }
+}
+
+impl Validate for ClaimProbe {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if self.device_class_name.is_some() == self.claim_template_name.is_some() {
+            errors.push(path, MSG_PROBE_ONE_OF);
+        }
+        for (field, v) in [
+            ("deviceClassName", &self.device_class_name),
+            ("claimTemplateName", &self.claim_template_name),
+        ] {
+            if let Some(v) = v
+                && (v.len() > 253 || !is_dns1123_subdomain(v))
             {
-                push(format!("{p}.minDevices"), MSG_MIN_ABOVE_MAX_DEVICES.into());
+                errors.push(format!("{path}.{field}"), MSG_OBJECT_NAME);
             }
-            check_duration(
-                push,
-                &format!("{p}.soak"),
-                "gates.resourceSlices.soak",
-                &s.soak,
-                false,
+        }
+        if self.image.is_empty() || self.image.len() > 512 {
+            errors.push(
+                format!("{path}.image"),
+                "should be between 1 and 512 characters",
             );
         }
-        if let Some(c) = &g.claims {
-            let p = "spec.gates.claims";
-            check_driver(push, &format!("{p}.driver"), &c.driver);
-            if let Some(probe) = &c.probe {
-                let pp = format!("{p}.probe");
-                if probe.device_class_name.is_some() == probe.claim_template_name.is_some() {
-                    push(pp.clone(), MSG_PROBE_ONE_OF.into());
-                }
-                for (field, v) in [
-                    ("deviceClassName", &probe.device_class_name),
-                    ("claimTemplateName", &probe.claim_template_name),
-                ] {
-                    if let Some(v) = v
-                        && (v.len() > 253 || !is_dns1123_subdomain(v))
-                    {
-                        push(format!("{pp}.{field}"), MSG_OBJECT_NAME.into());
-                    }
-                }
-                if probe.image.is_empty() || probe.image.len() > 512 {
-                    push(
-                        format!("{pp}.image"),
-                        "should be between 1 and 512 characters".into(),
-                    );
-                }
-                if let Some(m) = crate::validate::too_many(probe.tolerations.len(), 16) {
-                    push(format!("{pp}.tolerations"), m);
-                }
-                check_duration(
-                    push,
-                    &format!("{pp}.timeout"),
-                    "gates.claims.probe.timeout",
-                    &probe.timeout,
-                    true,
-                );
-            }
-        }
-        if let Some(h) = &g.device_health {
-            let p = "spec.gates.deviceHealth";
-            if h.driver.is_some() == h.resource.is_some() {
-                push(p.into(), MSG_HEALTH_ONE_OF.into());
-            }
-            if let Some(d) = &h.driver {
-                check_driver(push, &format!("{p}.driver"), d);
-            }
-            if let Some(r) = &h.resource {
-                check_resource(push, &format!("{p}.resource"), r);
-            }
-            check_duration(
-                push,
-                &format!("{p}.handover"),
-                "gates.deviceHealth.handover",
-                &h.handover,
-                false,
-            );
-        }
-        if let Some(t) = &g.device_taints {
-            let p = "spec.gates.deviceTaints";
-            check_driver(push, &format!("{p}.driver"), &t.driver);
-            check_duration(
-                push,
-                &format!("{p}.soak"),
-                "gates.deviceTaints.soak",
-                &t.soak,
-                false,
-            );
-        }
-        let drivers: Vec<&str> = [
-            g.resource_slices.as_ref().map(|s| s.driver.as_str()),
-            g.claims.as_ref().map(|c| c.driver.as_str()),
-            g.device_taints.as_ref().map(|t| t.driver.as_str()),
-            g.device_health.as_ref().and_then(|h| h.driver.as_deref()),
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|d| !d.is_empty())
-        .collect();
-        if drivers.iter().any(|d| *d != drivers[0]) {
-            push("spec.gates".into(), MSG_ONE_DRIVER.into());
-        }
+        errors.check_max_items(&format!("{path}.tolerations"), self.tolerations.len(), 16);
+        errors.check_duration(
+            &format!("{path}.timeout"),
+            "gates.claims.probe.timeout",
+            &self.timeout,
+            true,
+        );
     }
-    if let Some(q) = &spec.quarantine {
-        if q.driver.is_some() && q.resource.is_some() {
-            push("spec.quarantine".into(), MSG_QUARANTINE_ONE_OF.into());
+}
+
+impl Validate for DeviceHealthGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if self.driver.is_some() == self.resource.is_some() {
+            errors.push(path, MSG_HEALTH_ONE_OF);
         }
-        if let Some(d) = &q.driver {
-            check_driver(push, "spec.quarantine.driver", d);
+        if let Some(d) = &self.driver {
+            errors.check_driver(&format!("{path}.driver"), d);
         }
-        if let Some(r) = &q.resource {
-            check_resource(push, "spec.quarantine.resource", r);
+        if let Some(r) = &self.resource {
+            errors.check_extended_resource(&format!("{path}.resource"), r);
         }
-        if q.resource.is_some() && q.effect == QuarantineEffect::None {
-            push(
-                "spec.quarantine.effect".into(),
-                MSG_QUARANTINE_NONE_RESOURCE.into(),
-            );
-        }
-        for (field, why) in spec.quarantine_out_of_scope() {
-            push(field.into(), why.into());
-        }
+        errors.check_duration(
+            &format!("{path}.handover"),
+            "gates.deviceHealth.handover",
+            &self.handover,
+            false,
+        );
     }
-    if spec.on_failure == OnFailure::Quarantine && spec.quarantine_target().is_none() {
-        push("spec.onFailure".into(), MSG_QUARANTINE_TARGET.into());
+}
+
+impl Validate for DeviceTaintsGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        errors.check_driver(&format!("{path}.driver"), &self.driver);
+        errors.check_duration(
+            &format!("{path}.soak"),
+            "gates.deviceTaints.soak",
+            &self.soak,
+            false,
+        );
     }
 }
 

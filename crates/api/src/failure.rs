@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::schema::{add_rules, health_resource, optional_driver_name, rule};
+use crate::validate::{Errors, Validate};
 
 /// What the operator does when a gate fails.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
@@ -161,4 +162,23 @@ pub(crate) fn quarantine_rules(s: &mut Schema) {
             },
         ]),
     );
+}
+
+/// The rules on `spec.quarantine` alone; those that read the gates too are
+/// checked on the spec.
+impl Validate for QuarantineSpec {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if self.driver.is_some() && self.resource.is_some() {
+            errors.push(path, MSG_QUARANTINE_ONE_OF);
+        }
+        if let Some(d) = &self.driver {
+            errors.check_driver(&format!("{path}.driver"), d);
+        }
+        if let Some(r) = &self.resource {
+            errors.check_extended_resource(&format!("{path}.resource"), r);
+        }
+        if self.resource.is_some() && self.effect == QuarantineEffect::None {
+            errors.push(format!("{path}.effect"), MSG_QUARANTINE_NONE_RESOURCE);
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! condition). Their spec types, schemas (CEL rules with field-named
 //! messages), client-side validation, and the status records they keep.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -15,12 +15,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::duration::DurationString;
-use crate::intstr::parse_percent;
 pub use crate::status::{Measurements, ProbeRecord};
 
 use crate::schema::{
-    DNS1123_SUBDOMAIN_REGEX, EXTENDED_RESOURCE_REGEX, INT32_MAX, count_or_percent_rule, duration,
-    rule,
+    DNS1123_SUBDOMAIN_REGEX, EXTENDED_RESOURCE_REGEX, INT32_MAX, at_most_message,
+    count_or_percent_rule, duration, duration_at_most, rule,
+};
+use crate::validate::{
+    Errors, Validate, duration_error, is_count_or_percent, is_dns1123_label, is_dns1123_subdomain,
+    is_extended_resource_name,
 };
 
 /// Gate name of the probe gate, as written in `GateResult.gate`.
@@ -581,7 +584,7 @@ pub fn max_prometheus_timeout() -> std::time::Duration {
 }
 
 fn prometheus_timeout(_: &mut SchemaGenerator) -> Schema {
-    crate::schema::duration_at_most("gates.prometheus[].timeout", MAX_PROMETHEUS_TIMEOUT)
+    duration_at_most("gates.prometheus[].timeout", MAX_PROMETHEUS_TIMEOUT)
 }
 
 fn prometheus_rules(s: &mut Schema) {
@@ -686,189 +689,157 @@ impl std::fmt::Display for Condition {
     }
 }
 
-/// One client-side validation failure (path, message).
-pub(crate) type Push<'a> = &'a mut dyn FnMut(String, String);
+// ---------------------------------------------------------------------------
+// Client-side validation (mirrors the schema; see crate::validate)
 
-/// Client-side validation of the three gates, mirroring their schema.
-pub(crate) fn validate(gates: &crate::spec::Gates, push: Push) {
-    if let Some(p) = &gates.probe {
-        validate_probe(p, push);
-    }
-    if let Some(l) = &gates.logs {
-        validate_logs(l, push);
-    }
-    validate_prometheus(&gates.prometheus, push);
-}
-
-fn validate_probe(p: &ProbeGate, push: Push) {
-    let path = "spec.gates.probe";
-    if p.image.is_empty() || p.image.len() > 512 {
-        push(
-            format!("{path}.image"),
-            "should be between 1 and 512 characters".into(),
+impl Validate for ProbeGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if self.image.is_empty() || self.image.len() > 512 {
+            errors.push(
+                format!("{path}.image"),
+                "should be between 1 and 512 characters",
+            );
+        }
+        for (field, len, max) in [
+            ("command", self.command.len(), 64),
+            ("args", self.args.len(), 64),
+            ("env", self.env.len(), 32),
+            ("supplementalGroups", self.supplemental_groups.len(), 16),
+            ("tolerations", self.tolerations.len(), 16),
+        ] {
+            errors.check_max_items(&format!("{path}.{field}"), len, max);
+        }
+        for (i, g) in self.supplemental_groups.iter().enumerate() {
+            if !(1..=INT32_MAX).contains(g) {
+                errors.push(
+                    format!("{path}.supplementalGroups[{i}]"),
+                    format!("Invalid value: {g}: should be between 1 and {INT32_MAX}"),
+                );
+            }
+        }
+        if self.resource.is_some() == self.device_class_name.is_some() {
+            errors.push(path, MSG_PROBE_DEVICE);
+        }
+        if let Some(r) = &self.resource
+            && !is_extended_resource_name(r)
+        {
+            errors.push(format!("{path}.resource"), MSG_PROBE_RESOURCE);
+        }
+        if let Some(c) = &self.device_class_name
+            && !is_dns1123_subdomain(c)
+        {
+            errors.push(format!("{path}.deviceClassName"), MSG_PROBE_CLASS);
+        }
+        if let Some(s) = &self.sample
+            && !is_count_or_percent(s)
+        {
+            errors.push(format!("{path}.sample"), MSG_PROBE_SAMPLE);
+        }
+        errors.check_duration(
+            &format!("{path}.delay"),
+            "gates.probe.delay",
+            &self.delay,
+            false,
         );
-    }
-    for (field, len, max) in [
-        ("command", p.command.len(), 64),
-        ("args", p.args.len(), 64),
-        ("env", p.env.len(), 32),
-        ("supplementalGroups", p.supplemental_groups.len(), 16),
-        ("tolerations", p.tolerations.len(), 16),
-    ] {
-        if let Some(m) = crate::validate::too_many(len, max) {
-            push(format!("{path}.{field}"), m);
-        }
-    }
-    for (i, g) in p.supplemental_groups.iter().enumerate() {
-        if !(1..=INT32_MAX).contains(g) {
-            push(
-                format!("{path}.supplementalGroups[{i}]"),
-                format!("Invalid value: {g}: should be between 1 and {INT32_MAX}"),
-            );
-        }
-    }
-    if p.resource.is_some() == p.device_class_name.is_some() {
-        push(path.into(), MSG_PROBE_DEVICE.into());
-    }
-    if let Some(r) = &p.resource
-        && !crate::validate::is_extended_resource_name(r)
-    {
-        push(format!("{path}.resource"), MSG_PROBE_RESOURCE.into());
-    }
-    if let Some(c) = &p.device_class_name
-        && !crate::validate::is_dns1123_subdomain(c)
-    {
-        push(format!("{path}.deviceClassName"), MSG_PROBE_CLASS.into());
-    }
-    if let Some(s) = &p.sample {
-        let ok = match s {
-            IntOrString::Int(n) => *n >= 1,
-            IntOrString::String(s) => parse_percent(s).is_some(),
-        };
-        if !ok {
-            push(format!("{path}.sample"), MSG_PROBE_SAMPLE.into());
-        }
-    }
-    crate::validate::check_duration(
-        push,
-        &format!("{path}.delay"),
-        "gates.probe.delay",
-        &p.delay,
-        false,
-    );
-    crate::validate::check_duration(
-        push,
-        &format!("{path}.timeout"),
-        "gates.probe.timeout",
-        &p.timeout,
-        true,
-    );
-}
-
-fn validate_logs(l: &LogsGate, push: Push) {
-    let path = "spec.gates.logs";
-    if let Some(m) = crate::validate::too_many(l.patterns.len(), MAX_LOG_PATTERNS as usize) {
-        push(format!("{path}.patterns"), m);
-    }
-    for (i, p) in l.patterns.iter().enumerate() {
-        let at = format!("{path}.patterns[{i}]");
-        if p.len() > MAX_PATTERN_LENGTH as usize {
-            push(
-                at,
-                format!("Too long: may not be more than {MAX_PATTERN_LENGTH} bytes"),
-            );
-        } else if p.is_empty() {
-            push(at, MSG_LOG_PATTERN_EMPTY.into());
-        } else if regex::Regex::new(p).is_err() {
-            push(at, MSG_LOG_PATTERN.into());
-        }
-    }
-    for (field, d) in [("window", &l.window), ("interval", &l.interval)] {
-        crate::validate::check_duration(
-            push,
-            &format!("{path}.{field}"),
-            &format!("gates.logs.{field}"),
-            d,
+        errors.check_duration(
+            &format!("{path}.timeout"),
+            "gates.probe.timeout",
+            &self.timeout,
             true,
         );
     }
 }
 
-fn validate_prometheus(gates: &[PrometheusGate], push: Push) {
-    if let Some(m) = crate::validate::too_many(gates.len(), MAX_PROMETHEUS as usize) {
-        push("spec.gates.prometheus".into(), m);
-    }
-    let mut seen = BTreeSet::new();
-    for (i, g) in gates.iter().enumerate() {
-        let path = format!("spec.gates.prometheus[{i}]");
-        if !seen.insert(g.name.as_str()) {
-            push(path.clone(), format!("Duplicate value: name {:?}", g.name));
+impl Validate for LogsGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        errors.check_max_items(
+            &format!("{path}.patterns"),
+            self.patterns.len(),
+            MAX_LOG_PATTERNS as usize,
+        );
+        for (i, p) in self.patterns.iter().enumerate() {
+            let at = format!("{path}.patterns[{i}]");
+            if p.len() > MAX_PATTERN_LENGTH as usize {
+                errors.push(
+                    at,
+                    format!("Too long: may not be more than {MAX_PATTERN_LENGTH} bytes"),
+                );
+            } else if p.is_empty() {
+                errors.push(at, MSG_LOG_PATTERN_EMPTY);
+            } else if regex::Regex::new(p).is_err() {
+                errors.push(at, MSG_LOG_PATTERN);
+            }
         }
-        if !is_dns1123_label(&g.name) {
-            push(format!("{path}.name"), MSG_PROM_NAME.into());
-        }
-        if !is_http_url(&g.address) {
-            push(format!("{path}.address"), MSG_PROM_ADDRESS.into());
-        }
-        if g.query.trim().is_empty() {
-            push(format!("{path}.query"), MSG_PROM_QUERY.into());
-        }
-        if Condition::parse(&g.condition).is_none() {
-            push(format!("{path}.condition"), MSG_PROM_CONDITION.into());
-        }
-        if !(1..=100).contains(&g.count) {
-            push(format!("{path}.count"), MSG_PROM_COUNT.into());
-        }
-        if !(0..=100).contains(&g.failure_limit) {
-            push(
-                format!("{path}.failureLimit"),
-                MSG_PROM_FAILURE_LIMIT.into(),
+        for (field, d) in [("window", &self.window), ("interval", &self.interval)] {
+            errors.check_duration(
+                &format!("{path}.{field}"),
+                &format!("gates.logs.{field}"),
+                d,
+                true,
             );
         }
-        for (field, d) in [("interval", &g.interval), ("timeout", &g.timeout)] {
-            crate::validate::check_duration(
-                push,
+    }
+}
+
+/// One entry of `gates.prometheus` (the list's size and unique names are
+/// checked on `Gates`).
+impl Validate for PrometheusGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if !is_dns1123_label(&self.name) {
+            errors.push(format!("{path}.name"), MSG_PROM_NAME);
+        }
+        if !is_http_url(&self.address) {
+            errors.push(format!("{path}.address"), MSG_PROM_ADDRESS);
+        }
+        if self.query.trim().is_empty() {
+            errors.push(format!("{path}.query"), MSG_PROM_QUERY);
+        }
+        if Condition::parse(&self.condition).is_none() {
+            errors.push(format!("{path}.condition"), MSG_PROM_CONDITION);
+        }
+        if !(1..=100).contains(&self.count) {
+            errors.push(format!("{path}.count"), MSG_PROM_COUNT);
+        }
+        if !(0..=100).contains(&self.failure_limit) {
+            errors.push(format!("{path}.failureLimit"), MSG_PROM_FAILURE_LIMIT);
+        }
+        for (field, d) in [("interval", &self.interval), ("timeout", &self.timeout)] {
+            errors.check_duration(
                 &format!("{path}.{field}"),
                 &format!("gates.prometheus[].{field}"),
                 d,
                 true,
             );
         }
-        if crate::validate::duration_error("gates.prometheus[].timeout", &g.timeout, true).is_none()
-            && g.timeout
+        if duration_error("gates.prometheus[].timeout", &self.timeout, true).is_none()
+            && self
+                .timeout
                 .to_std()
                 .is_ok_and(|t| t > max_prometheus_timeout())
         {
-            push(
+            errors.push(
                 format!("{path}.timeout"),
-                crate::schema::at_most_message(
-                    "gates.prometheus[].timeout",
-                    MAX_PROMETHEUS_TIMEOUT,
-                ),
+                at_most_message("gates.prometheus[].timeout", MAX_PROMETHEUS_TIMEOUT),
             );
         }
-        if g.bearer_token_secret.is_some() && !g.address.starts_with("https://") {
-            push(format!("{path}.address"), MSG_PROM_TOKEN_HTTPS.into());
+        if self.bearer_token_secret.is_some() && !self.address.starts_with("https://") {
+            errors.push(format!("{path}.address"), MSG_PROM_TOKEN_HTTPS);
         }
         let refs = [
-            ("bearerTokenSecret", g.bearer_token_secret.as_ref()),
+            ("bearerTokenSecret", self.bearer_token_secret.as_ref()),
             (
                 "tls.caSecret",
-                g.tls.as_ref().and_then(|t| t.ca_secret.as_ref()),
+                self.tls.as_ref().and_then(|t| t.ca_secret.as_ref()),
             ),
         ];
         for (field, r) in refs {
             if let Some(r) = r
-                && (!crate::validate::is_dns1123_subdomain(&r.name) || r.key.is_empty())
+                && (!is_dns1123_subdomain(&r.name) || r.key.is_empty())
             {
-                push(format!("{path}.{field}"), MSG_SECRET_REF.into());
+                errors.push(format!("{path}.{field}"), MSG_SECRET_REF);
             }
         }
     }
-}
-
-fn is_dns1123_label(s: &str) -> bool {
-    s.len() <= 63 && !s.contains('.') && crate::validate::is_dns1123_subdomain(s)
 }
 
 /// An absolute http(s) URL with a host (what the schema's `url()` accepts).

@@ -10,16 +10,21 @@ use kube::CustomResource;
 use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 
-use crate::consts::BASELINE;
-use crate::devices::{
-    self, ClaimsGate, DeviceHealthGate, DeviceTaintsGate, OnFailure, QuarantineSpec,
-    ResourceSlicesGate,
-};
+use crate::consts::{BASELINE, CAPACITY_LABEL_PREFIX};
+use crate::devices::{self, ClaimsGate, DeviceHealthGate, DeviceTaintsGate, ResourceSlicesGate};
 use crate::duration::{DurationError, DurationString};
-use crate::failure;
+use crate::failure::{self, OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget};
 use crate::intstr::{Bound, BoundError, parse_bound};
 use crate::schema;
+use crate::schema::{
+    MAX_ALLOCATABLE, MAX_STAGES, MSG_MAX, MSG_MAX_UNAVAILABLE, MSG_MIN, MSG_MIN_ABOVE_MAX,
+    MSG_RESOURCE, MSG_STAGE_NODES, MSG_TARGET_NAME,
+};
 use crate::status::SafeRolloutStatus;
+use crate::validate::{
+    Errors, FieldError, Validate, is_count_or_percent, is_dns1123_subdomain,
+    is_extended_resource_name, validate_list_map,
+};
 
 /// SafeRolloutSpec is the desired state of a staged, gated rollout of one
 /// DaemonSet (a device plugin or DRA driver) in the SafeRollout's namespace.
@@ -242,6 +247,23 @@ pub struct Gates {
     pub prometheus: Vec<crate::proof::PrometheusGate>,
 }
 
+impl Gates {
+    /// The DRA drivers the device gates name, in field order: resourceSlices,
+    /// claims, deviceTaints, deviceHealth (the schema makes them agree).
+    pub(crate) fn drivers(&self) -> impl Iterator<Item = &str> {
+        [
+            self.resource_slices.as_ref().map(|s| s.driver.as_str()),
+            self.claims.as_ref().map(|c| c.driver.as_str()),
+            self.device_taints.as_ref().map(|t| t.driver.as_str()),
+            self.device_health
+                .as_ref()
+                .and_then(|h| h.driver.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
 /// Settings of the podsReady gate.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -456,9 +478,303 @@ impl SafeRolloutSpec {
     }
 }
 
+impl SafeRolloutSpec {
+    /// The one DRA driver the device gates name (the schema makes them agree).
+    pub fn device_driver(&self) -> Option<&str> {
+        self.gates.as_ref()?.drivers().next()
+    }
+
+    /// What a quarantine takes out of service: `spec.quarantine`'s driver or
+    /// resource, else the driver of the device gates, else the device
+    /// plugin's resource of `gates.deviceHealth` or `gates.allocatable[0]`.
+    pub fn quarantine_target(&self) -> Option<QuarantineTarget> {
+        let q = self.quarantine.as_ref();
+        if let Some(d) = q.and_then(|q| q.driver.as_ref()) {
+            return Some(QuarantineTarget::Driver(d.clone()));
+        }
+        if let Some(r) = q.and_then(|q| q.resource.as_ref()) {
+            return Some(QuarantineTarget::Resource(r.clone()));
+        }
+        if let Some(d) = self.device_driver() {
+            return Some(QuarantineTarget::Driver(d.to_string()));
+        }
+        let g = self.gates.as_ref()?;
+        g.device_health
+            .as_ref()
+            .and_then(|h| h.resource.clone())
+            .or_else(|| g.allocatable.first().map(|a| a.resource.clone()))
+            .map(QuarantineTarget::Resource)
+    }
+
+    /// The device plugins' resources the gates judge (`gates.allocatable`,
+    /// `gates.deviceHealth.resource`).
+    pub fn gated_resources(&self) -> Vec<&str> {
+        let Some(g) = self.gates.as_ref() else {
+            return Vec::new();
+        };
+        g.allocatable
+            .iter()
+            .map(|a| a.resource.as_str())
+            .chain(g.device_health.as_ref().and_then(|h| h.resource.as_deref()))
+            .collect()
+    }
+
+    /// Where `spec.quarantine` names something this rollout does not judge
+    /// (another driver than the device gates', a resource the gates do not
+    /// name), as (field, why): the schema's rules, which the operator
+    /// checks again.
+    pub fn quarantine_out_of_scope(&self) -> Vec<(&'static str, &'static str)> {
+        let Some(q) = self.quarantine.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if let (Some(d), Some(gated)) = (&q.driver, self.device_driver())
+            && d != gated
+        {
+            out.push((
+                "spec.quarantine.driver",
+                failure::MSG_QUARANTINE_DRIVER_SCOPE,
+            ));
+        }
+        let gated = self.gated_resources();
+        if let Some(r) = &q.resource
+            && !gated.is_empty()
+            && !gated.contains(&r.as_str())
+        {
+            out.push((
+                "spec.quarantine.resource",
+                failure::MSG_QUARANTINE_RESOURCE_SCOPE,
+            ));
+        }
+        out
+    }
+
+    /// The quarantine's effect.
+    pub fn quarantine_effect(&self) -> QuarantineEffect {
+        self.quarantine
+            .as_ref()
+            .map(|q| q.effect)
+            .unwrap_or_default()
+    }
+}
+
 impl SafeRollout {
     /// `spec.template` as a typed PodTemplateSpec; see [`SafeRolloutSpec::typed_template`].
     pub fn typed_template(&self) -> Result<Option<PodTemplateSpec>, serde_json::Error> {
         self.spec.typed_template()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client-side validation (mirrors the schema; see crate::validate)
+
+impl SafeRollout {
+    /// Validates the spec as the API server would; empty when valid.
+    pub fn validate(&self) -> Vec<FieldError> {
+        self.spec.validate()
+    }
+}
+
+impl SafeRolloutSpec {
+    /// Validates the spec as the API server would (paths start with `spec.`);
+    /// empty when valid.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Errors::new();
+        Validate::validate(self, "spec", &mut errors);
+        errors.into_vec()
+    }
+}
+
+impl Validate for SafeRolloutSpec {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        self.target_ref
+            .validate(&format!("{path}.targetRef"), errors);
+        if let Some(stages) = &self.stages {
+            let at = format!("{path}.stages");
+            if stages.is_empty() {
+                errors.push(&at, "should have at least 1 items");
+            }
+            errors.check_max_items(&at, stages.len(), MAX_STAGES as usize);
+            for (i, stage) in stages.iter().enumerate() {
+                stage.validate(&format!("{at}[{i}]"), errors);
+            }
+        }
+        if !is_count_or_percent(&self.max_unavailable) {
+            errors.push(format!("{path}.maxUnavailable"), MSG_MAX_UNAVAILABLE);
+        }
+        errors.check_duration(
+            &format!("{path}.progressDeadline"),
+            "progressDeadline",
+            &self.progress_deadline,
+            true,
+        );
+        self.gates.validate(&format!("{path}.gates"), errors);
+        self.quarantine
+            .validate(&format!("{path}.quarantine"), errors);
+        // The rules on spec that read the gates and the failure policy
+        // together (`failure::spec_rules`).
+        for (field, why) in self.quarantine_out_of_scope() {
+            errors.push(field, why);
+        }
+        if self.on_failure == OnFailure::Quarantine && self.quarantine_target().is_none() {
+            errors.push(format!("{path}.onFailure"), failure::MSG_QUARANTINE_TARGET);
+        }
+    }
+}
+
+impl Validate for TargetRef {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        let at = format!("{path}.name");
+        if self.name.len() > 253 {
+            errors.push(at, "Too long: may not be more than 253 bytes");
+        } else if !is_dns1123_subdomain(&self.name) {
+            errors.push(at, MSG_TARGET_NAME);
+        }
+    }
+}
+
+impl Validate for Stage {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if !is_count_or_percent(&self.nodes) {
+            errors.push(format!("{path}.nodes"), MSG_STAGE_NODES);
+        }
+        errors.check_duration(&format!("{path}.soak"), "stages[].soak", &self.soak, false);
+    }
+}
+
+impl Validate for Gates {
+    /// Each gate, in the order their errors were always reported (the
+    /// proof gates before the device gates), then the rule that the device
+    /// gates name one driver.
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        self.pods_ready
+            .validate(&format!("{path}.podsReady"), errors);
+        validate_list_map(
+            errors,
+            &format!("{path}.allocatable"),
+            &self.allocatable,
+            MAX_ALLOCATABLE as usize,
+            "resource",
+            |g| &g.resource,
+        );
+        self.probe.validate(&format!("{path}.probe"), errors);
+        self.logs.validate(&format!("{path}.logs"), errors);
+        validate_list_map(
+            errors,
+            &format!("{path}.prometheus"),
+            &self.prometheus,
+            crate::proof::MAX_PROMETHEUS as usize,
+            "name",
+            |g| &g.name,
+        );
+        self.resource_slices
+            .validate(&format!("{path}.resourceSlices"), errors);
+        self.claims.validate(&format!("{path}.claims"), errors);
+        self.device_health
+            .validate(&format!("{path}.deviceHealth"), errors);
+        self.device_taints
+            .validate(&format!("{path}.deviceTaints"), errors);
+        let drivers: Vec<&str> = self.drivers().filter(|d| !d.is_empty()).collect();
+        if drivers.iter().any(|d| *d != drivers[0]) {
+            errors.push(path, devices::MSG_ONE_DRIVER);
+        }
+    }
+}
+
+impl Validate for PodsReadyGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if let Some(timeout) = &self.timeout {
+            errors.check_duration(
+                &format!("{path}.timeout"),
+                "gates.podsReady.timeout",
+                timeout,
+                true,
+            );
+        }
+    }
+}
+
+impl Validate for AllocatableGate {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if self.resource.len() > 317 {
+            errors.push(
+                format!("{path}.resource"),
+                "Too long: may not be more than 317 bytes",
+            );
+        } else if !is_extended_resource_name(&self.resource) {
+            errors.push(format!("{path}.resource"), MSG_RESOURCE);
+        }
+        if !is_bound(&self.min, false) {
+            errors.push(format!("{path}.min"), MSG_MIN);
+        }
+        if !is_bound(&self.max, true) {
+            errors.push(format!("{path}.max"), MSG_MAX);
+        }
+        if let (IntOrString::Int(min), IntOrString::Int(max)) = (&self.min, &self.max)
+            && min > max
+        {
+            errors.push(format!("{path}.min"), MSG_MIN_ABOVE_MAX);
+        }
+        errors.check_duration(
+            &format!("{path}.soak"),
+            "gates.allocatable[].soak",
+            &self.soak,
+            false,
+        );
+    }
+}
+
+/// `min` (and `max` with `allow_label`): "baseline", an integer >= 0, or
+/// "capacityLabel:<key>" with a non-empty key of at most 317 characters.
+fn is_bound(v: &IntOrString, allow_label: bool) -> bool {
+    match v {
+        IntOrString::Int(n) => *n >= 0,
+        IntOrString::String(s) if s == BASELINE => true,
+        IntOrString::String(s) => {
+            allow_label
+                && s.starts_with(CAPACITY_LABEL_PREFIX)
+                && s.len() > CAPACITY_LABEL_PREFIX.len()
+                && s.len() <= 331
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_good_spec_is_valid_and_a_bad_one_names_every_field() {
+        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
+        spec.stages = Some(vec![
+            Stage::new(IntOrString::Int(1)),
+            Stage::new(IntOrString::String("100%".into())),
+        ]);
+        spec.gates = Some(Gates {
+            allocatable: vec![AllocatableGate::new("nvidia.com/gpu")],
+            ..Default::default()
+        });
+        assert_eq!(spec.validate(), vec![]);
+
+        spec.target_ref.name = "Bad_Name".into();
+        spec.stages.as_mut().unwrap()[1].nodes = IntOrString::String("0%".into());
+        spec.stages.as_mut().unwrap()[0].soak = "1 h".into();
+        spec.max_unavailable = IntOrString::Int(0);
+        spec.progress_deadline = "0m".into();
+        let gate = &mut spec.gates.as_mut().unwrap().allocatable[0];
+        gate.min = IntOrString::Int(5);
+        gate.max = IntOrString::Int(2);
+        let paths: Vec<String> = spec.validate().into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.targetRef.name",
+                "spec.stages[0].soak",
+                "spec.stages[1].nodes",
+                "spec.maxUnavailable",
+                "spec.progressDeadline",
+                "spec.gates.allocatable[0].min",
+            ]
+        );
     }
 }
