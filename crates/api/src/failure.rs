@@ -182,3 +182,40 @@ impl Validate for QuarantineSpec {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gates::{AllocatableGate, Gates};
+    use crate::spec::SafeRolloutSpec;
+
+    fn errors(spec: &SafeRolloutSpec) -> Vec<String> {
+        spec.validate().into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn quarantine_needs_something_to_quarantine() {
+        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
+        spec.on_failure = OnFailure::Quarantine;
+        assert_eq!(errors(&spec), ["spec.onFailure"]);
+        spec.gates = Some(Gates {
+            allocatable: vec![AllocatableGate::new("example.com/gpu")],
+            ..Default::default()
+        });
+        assert_eq!(errors(&spec), Vec::<String>::new());
+        assert_eq!(
+            spec.quarantine_target(),
+            Some(QuarantineTarget::Resource("example.com/gpu".into()))
+        );
+        spec.quarantine = Some(QuarantineSpec {
+            effect: QuarantineEffect::NoExecute,
+            driver: Some("gpu.example.com".into()),
+            resource: None,
+        });
+        assert_eq!(
+            spec.quarantine_target(),
+            Some(QuarantineTarget::Driver("gpu.example.com".into()))
+        );
+        assert_eq!(spec.quarantine_effect(), QuarantineEffect::NoExecute);
+    }
+}

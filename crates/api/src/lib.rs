@@ -13,45 +13,69 @@
 //! field; see `tests/malformed/` at the repository root for examples.
 
 pub mod consts;
-pub mod devices;
 pub mod duration;
 pub mod failure;
+pub mod gates;
 pub mod intstr;
-pub mod proof;
 pub mod quantity;
 pub mod schema;
 pub mod spec;
 pub mod status;
 pub mod validate;
 
+pub use consts::*;
+pub use duration::{DurationError, DurationString, format_duration, parse_duration};
+pub use failure::{OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget};
+pub use gates::{
+    AllocatableGate, ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate,
+    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, Gates, InconclusivePolicy, LogsGate, PROBE_NODE_LABEL,
+    PROBE_REVISION_LABEL, PatternSet, PodsReadyGate, ProbeEnvVar, ProbeGate, ProbeResources,
+    PrometheusGate, PrometheusTls, ResourceSlicesGate, STAGE_NODES_PLACEHOLDER, SecretKeyRef,
+    UnreadablePolicy,
+};
+pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
+pub use quantity::{count_of, quantity_count};
+pub use spec::{
+    Canary, Preflight, PreflightPolicy, SafeRollout, SafeRolloutSpec, Stage, TargetRef,
+    default_stages,
+};
+pub use status::{
+    AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, Measurements,
+    NodeDevices, NodeNote, Phase, PreflightFinding, PreflightStatus, ProbeRecord, Progress,
+    QuarantineRecord, QuarantinedPool, ResourceCounts, SafeRolloutStatus, StageState, StageStatus,
+    StoppedRollout,
+};
+pub use validate::{Errors, FieldError, Validate};
+
+// Former paths, kept so that `saferollout_api::devices::MAX_RECORDED`,
+// `saferollout_api::proof::is_http_url` and the like still resolve.
+
 /// The wire forms of a stage's baselines, at their former paths.
 pub use status::{baseline, device_baseline};
 
-pub use consts::*;
-pub use devices::{
-    ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate, NodeDevices,
-    OnFailure, QuarantineEffect, QuarantineRecord, QuarantineSpec, QuarantineTarget,
-    QuarantinedPool, ResourceSlicesGate, StoppedRollout,
-};
-pub use duration::{DurationError, DurationString, format_duration, parse_duration};
-pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
-pub use proof::{
-    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, LogsGate, Measurements,
-    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, ProbeEnvVar, ProbeGate, ProbeRecord,
-    ProbeResources, PrometheusGate, PrometheusTls, STAGE_NODES_PLACEHOLDER, SecretKeyRef,
-    UnreadablePolicy,
-};
-pub use quantity::{count_of, quantity_count};
-pub use spec::{
-    AllocatableGate, Canary, Gates, PodsReadyGate, Preflight, PreflightPolicy, SafeRollout,
-    SafeRolloutSpec, Stage, TargetRef, default_stages,
-};
-pub use status::{
-    AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, NodeNote, Phase,
-    PreflightFinding, PreflightStatus, Progress, ResourceCounts, SafeRolloutStatus, StageState,
-    StageStatus,
-};
-pub use validate::FieldError;
+/// The device gates, `onFailure` and their status records, at their former
+/// path: re-exports of [`gates`], [`failure`] and [`status`].
+pub mod devices {
+    pub use crate::failure::*;
+    pub use crate::gates::MSG_ONE_DRIVER;
+    pub use crate::gates::claims::*;
+    pub use crate::gates::device_health::*;
+    pub use crate::gates::device_taints::*;
+    pub use crate::gates::resource_slices::*;
+    pub use crate::schema::{MSG_DRIVER, MSG_HEALTH_RESOURCE};
+    pub use crate::status::{
+        MAX_RECORDED, NodeDevices, QuarantineRecord, QuarantinedPool, StoppedRollout,
+    };
+}
+
+/// The probe, logs and prometheus gates and their status records, at their
+/// former path: re-exports of [`gates`] and [`status`].
+pub mod proof {
+    pub use crate::gates::logs::*;
+    pub use crate::gates::probe::*;
+    pub use crate::gates::prometheus::*;
+    pub use crate::status::{Measurements, ProbeRecord};
+}
 
 use kube::CustomResourceExt;
 

@@ -30,8 +30,6 @@ pub const INT32_MAX: i64 = i32::MAX as i64;
 
 /// Maximum number of stages.
 pub const MAX_STAGES: u32 = 10;
-/// Maximum number of allocatable gate entries.
-pub const MAX_ALLOCATABLE: u32 = 8;
 
 /// Message of the DNS-1123 rule on `spec.targetRef.name`.
 pub const MSG_TARGET_NAME: &str = "targetRef.name must be the name of a DaemonSet: a non-empty DNS-1123 subdomain (lowercase letters, digits, '-' and '.')";
@@ -42,14 +40,6 @@ pub const MSG_TARGET_IMMUTABLE: &str =
 pub const MSG_STAGE_NODES: &str = "stages[].nodes must be a positive node count or a percentage between 1% and 100% (e.g. 1, 5, \"10%\")";
 /// Message of the rule on `spec.maxUnavailable`.
 pub const MSG_MAX_UNAVAILABLE: &str = "maxUnavailable must be a positive pod count or a percentage between 1% and 100% (e.g. 1, \"10%\")";
-/// Message of the rule on `spec.gates.allocatable[].resource`.
-pub const MSG_RESOURCE: &str = "gates.allocatable[].resource must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
-/// Message of the rule on `spec.gates.allocatable[].min`.
-pub const MSG_MIN: &str = "gates.allocatable[].min must be \"baseline\" or an integer >= 0";
-/// Message of the rule on `spec.gates.allocatable[].max`.
-pub const MSG_MAX: &str = "gates.allocatable[].max must be \"baseline\", \"capacityLabel:<node-label-key>\" or an integer >= 0";
-/// Message of the rule comparing `min` and `max` of an allocatable gate.
-pub const MSG_MIN_ABOVE_MAX: &str = "gates.allocatable[].min must not be greater than max";
 
 /// Message of the rule on a DRA driver name.
 pub const MSG_DRIVER: &str =
@@ -93,7 +83,7 @@ pub fn count_or_percent_rule() -> String {
     )
 }
 
-fn int_or_string(rules: Vec<Value>) -> Schema {
+pub(crate) fn int_or_string(rules: Vec<Value>) -> Schema {
     // `nullable: false` stops kube's OptionalIntOrString transform from marking a
     // defaulted field nullable: a `null` is then pruned and defaulted by the API
     // server instead of reaching the operator.
@@ -201,46 +191,6 @@ pub(crate) fn max_unavailable(_: &mut SchemaGenerator) -> Schema {
 
 pub(crate) fn progress_deadline(_: &mut SchemaGenerator) -> Schema {
     duration("progressDeadline", true)
-}
-
-pub(crate) fn pods_ready_timeout(_: &mut SchemaGenerator) -> Schema {
-    duration("gates.podsReady.timeout", true)
-}
-
-pub(crate) fn allocatable_resource(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "type": "string",
-        "maxLength": 317,
-        "x-kubernetes-validations": [rule(
-            &format!(
-                "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
-            ),
-            MSG_RESOURCE,
-        )],
-    })
-}
-
-pub(crate) fn allocatable_min(_: &mut SchemaGenerator) -> Schema {
-    int_or_string(vec![rule(
-        &format!(
-            "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && self == 'baseline')"
-        ),
-        MSG_MIN,
-    )])
-}
-
-pub(crate) fn allocatable_max(_: &mut SchemaGenerator) -> Schema {
-    // 14 = len("capacityLabel:"), 317 = longest label key.
-    int_or_string(vec![rule(
-        &format!(
-            "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && (self == 'baseline' || (self.startsWith('capacityLabel:') && size(self) > 14 && size(self) <= 331)))"
-        ),
-        MSG_MAX,
-    )])
-}
-
-pub(crate) fn allocatable_soak(_: &mut SchemaGenerator) -> Schema {
-    duration("gates.allocatable[].soak", false)
 }
 
 // Names shared by the device gates and the quarantine.

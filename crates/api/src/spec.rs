@@ -7,24 +7,15 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
-use schemars::{JsonSchema, Schema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::consts::{BASELINE, CAPACITY_LABEL_PREFIX};
-use crate::devices::{self, ClaimsGate, DeviceHealthGate, DeviceTaintsGate, ResourceSlicesGate};
 use crate::duration::{DurationError, DurationString};
 use crate::failure::{self, OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget};
-use crate::intstr::{Bound, BoundError, parse_bound};
-use crate::schema;
-use crate::schema::{
-    MAX_ALLOCATABLE, MAX_STAGES, MSG_MAX, MSG_MAX_UNAVAILABLE, MSG_MIN, MSG_MIN_ABOVE_MAX,
-    MSG_RESOURCE, MSG_STAGE_NODES, MSG_TARGET_NAME,
-};
+use crate::gates::{AllocatableGate, Gates, LogsGate, ProbeGate, PrometheusGate};
+use crate::schema::{self, MAX_STAGES, MSG_MAX_UNAVAILABLE, MSG_STAGE_NODES, MSG_TARGET_NAME};
 use crate::status::SafeRolloutStatus;
-use crate::validate::{
-    Errors, FieldError, Validate, is_count_or_percent, is_dns1123_subdomain,
-    is_extended_resource_name, validate_list_map,
-};
+use crate::validate::{Errors, FieldError, Validate, is_count_or_percent, is_dns1123_subdomain};
 
 /// SafeRolloutSpec is the desired state of a staged, gated rollout of one
 /// DaemonSet (a device plugin or DRA driver) in the SafeRollout's namespace.
@@ -194,128 +185,6 @@ pub struct Stage {
     pub pause: bool,
 }
 
-/// The health gates. podsReady always applies; every other gate applies when
-/// its field is set. (Adding a gate is one optional field here.)
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(transform = devices::gates_rules)]
-pub struct Gates {
-    /// Every agent pod on the stage's nodes must be Running, Ready and of the
-    /// new revision. Fails at once on CrashLoopBackOff, ImagePullBackOff or
-    /// CreateContainerConfigError. Judged even when this field is absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pods_ready: Option<PodsReadyGate>,
-
-    /// Per node, an extended resource's allocatable count must stay within
-    /// bounds once the new agent pod is Ready. At most 8 entries, one per
-    /// resource.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 8), transform = schema::list_map_by_resource)]
-    pub allocatable: Vec<AllocatableGate>,
-
-    /// DRA: the driver's ResourceSlices per node are republished, complete and
-    /// within bounds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource_slices: Option<ResourceSlicesGate>,
-
-    /// DRA: allocated ResourceClaims survive the driver's restart; optionally a
-    /// probe claim the scheduler must allocate on each node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claims: Option<ClaimsGate>,
-
-    /// Workloads' allocatedResourcesStatus reads Healthy (device plugins and
-    /// DRA drivers).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_health: Option<DeviceHealthGate>,
-
-    /// DRA: no device newly tainted by the release; health taints cleared by
-    /// it reported (or failed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_taints: Option<DeviceTaintsGate>,
-    /// A short-lived pod per stage node (or a sample) that asks for one
-    /// device and must succeed: proves the devices serve workloads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<crate::proof::ProbeGate>,
-
-    /// Agent pod logs must show no fatal line within a window after start.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logs: Option<crate::proof::LogsGate>,
-
-    /// PromQL analyses over the stage's nodes. At most 8, one per name.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 8), transform = schema::list_map_by_name)]
-    pub prometheus: Vec<crate::proof::PrometheusGate>,
-}
-
-impl Gates {
-    /// The DRA drivers the device gates name, in field order: resourceSlices,
-    /// claims, deviceTaints, deviceHealth (the schema makes them agree).
-    pub(crate) fn drivers(&self) -> impl Iterator<Item = &str> {
-        [
-            self.resource_slices.as_ref().map(|s| s.driver.as_str()),
-            self.claims.as_ref().map(|c| c.driver.as_str()),
-            self.device_taints.as_ref().map(|t| t.driver.as_str()),
-            self.device_health
-                .as_ref()
-                .and_then(|h| h.driver.as_deref()),
-        ]
-        .into_iter()
-        .flatten()
-    }
-}
-
-/// Settings of the podsReady gate.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PodsReadyGate {
-    /// How long the stage's agent pods may take to become Ready. Defaults to
-    /// the rollout's progressDeadline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "schema::pods_ready_timeout")]
-    pub timeout: Option<DurationString>,
-}
-
-/// The allocatable gate for one extended resource.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(transform = allocatable_rules)]
-pub struct AllocatableGate {
-    /// The extended resource, e.g. nvidia.com/gpu (a name with a domain prefix;
-    /// cpu and memory are not extended resources).
-    #[schemars(schema_with = "schema::allocatable_resource")]
-    pub resource: String,
-
-    /// Floor: "baseline" (the node's allocatable before the stage touched it)
-    /// or a number. Catches a plugin that is Ready but advertises nothing.
-    #[serde(default = "default_bound")]
-    #[schemars(schema_with = "schema::allocatable_min")]
-    pub min: IntOrString,
-
-    /// Ceiling: "baseline", "capacityLabel:<node-label-key>" (the integer
-    /// value of a trusted node label such as nvidia.com/gpu.count) or a number.
-    /// Catches a plugin that advertises more devices than exist.
-    #[serde(default = "default_bound")]
-    #[schemars(schema_with = "schema::allocatable_max")]
-    pub max: IntOrString,
-
-    /// How long the value must stay within bounds before the gate passes
-    /// (rejects flapping).
-    #[serde(default = "default_allocatable_soak")]
-    #[schemars(schema_with = "schema::allocatable_soak")]
-    pub soak: DurationString,
-}
-
-fn allocatable_rules(s: &mut Schema) {
-    s.insert(
-        "x-kubernetes-validations".into(),
-        serde_json::json!([{
-            "rule": "!has(self.min) || !has(self.max) || type(self.min) != int || type(self.max) != int || self.min <= self.max",
-            "message": schema::MSG_MIN_ABOVE_MAX,
-            "fieldPath": ".min",
-        }]),
-    );
-}
-
 fn default_max_unavailable() -> IntOrString {
     IntOrString::Int(1)
 }
@@ -326,14 +195,6 @@ fn default_progress_deadline() -> DurationString {
 
 fn default_stage_soak() -> DurationString {
     DurationString::from("0s")
-}
-
-fn default_allocatable_soak() -> DurationString {
-    DurationString::from("10s")
-}
-
-fn default_bound() -> IntOrString {
-    IntOrString::String(BASELINE.to_string())
 }
 
 /// The stages used when `spec.stages` is absent: 1 node, 10%, 50%, 100%.
@@ -359,28 +220,6 @@ impl Stage {
     /// Whether the stage explicitly covers every node (`"100%"`).
     pub fn is_full(&self) -> bool {
         matches!(&self.nodes, IntOrString::String(s) if s == "100%")
-    }
-}
-
-impl AllocatableGate {
-    /// A gate on `resource` with the defaults: min and max "baseline", soak 10s.
-    pub fn new(resource: impl Into<String>) -> Self {
-        Self {
-            resource: resource.into(),
-            min: default_bound(),
-            max: default_bound(),
-            soak: default_allocatable_soak(),
-        }
-    }
-
-    /// The floor, parsed.
-    pub fn min_bound(&self) -> Result<Bound, BoundError> {
-        parse_bound(&self.min, false)
-    }
-
-    /// The ceiling, parsed.
-    pub fn max_bound(&self) -> Result<Bound, BoundError> {
-        parse_bound(&self.max, true)
     }
 }
 
@@ -452,17 +291,17 @@ impl SafeRolloutSpec {
     }
 
     /// The probe gate, when configured.
-    pub fn probe_gate(&self) -> Option<&crate::proof::ProbeGate> {
+    pub fn probe_gate(&self) -> Option<&ProbeGate> {
         self.gates.as_ref().and_then(|g| g.probe.as_ref())
     }
 
     /// The logs gate, when configured.
-    pub fn logs_gate(&self) -> Option<&crate::proof::LogsGate> {
+    pub fn logs_gate(&self) -> Option<&LogsGate> {
         self.gates.as_ref().and_then(|g| g.logs.as_ref())
     }
 
     /// The prometheus gates (empty when none).
-    pub fn prometheus_gates(&self) -> &[crate::proof::PrometheusGate] {
+    pub fn prometheus_gates(&self) -> &[PrometheusGate] {
         self.gates
             .as_ref()
             .map(|g| g.prometheus.as_slice())
@@ -639,103 +478,6 @@ impl Validate for Stage {
             errors.push(format!("{path}.nodes"), MSG_STAGE_NODES);
         }
         errors.check_duration(&format!("{path}.soak"), "stages[].soak", &self.soak, false);
-    }
-}
-
-impl Validate for Gates {
-    /// Each gate, in the order their errors were always reported (the
-    /// proof gates before the device gates), then the rule that the device
-    /// gates name one driver.
-    fn validate(&self, path: &str, errors: &mut Errors) {
-        self.pods_ready
-            .validate(&format!("{path}.podsReady"), errors);
-        validate_list_map(
-            errors,
-            &format!("{path}.allocatable"),
-            &self.allocatable,
-            MAX_ALLOCATABLE as usize,
-            "resource",
-            |g| &g.resource,
-        );
-        self.probe.validate(&format!("{path}.probe"), errors);
-        self.logs.validate(&format!("{path}.logs"), errors);
-        validate_list_map(
-            errors,
-            &format!("{path}.prometheus"),
-            &self.prometheus,
-            crate::proof::MAX_PROMETHEUS as usize,
-            "name",
-            |g| &g.name,
-        );
-        self.resource_slices
-            .validate(&format!("{path}.resourceSlices"), errors);
-        self.claims.validate(&format!("{path}.claims"), errors);
-        self.device_health
-            .validate(&format!("{path}.deviceHealth"), errors);
-        self.device_taints
-            .validate(&format!("{path}.deviceTaints"), errors);
-        let drivers: Vec<&str> = self.drivers().filter(|d| !d.is_empty()).collect();
-        if drivers.iter().any(|d| *d != drivers[0]) {
-            errors.push(path, devices::MSG_ONE_DRIVER);
-        }
-    }
-}
-
-impl Validate for PodsReadyGate {
-    fn validate(&self, path: &str, errors: &mut Errors) {
-        if let Some(timeout) = &self.timeout {
-            errors.check_duration(
-                &format!("{path}.timeout"),
-                "gates.podsReady.timeout",
-                timeout,
-                true,
-            );
-        }
-    }
-}
-
-impl Validate for AllocatableGate {
-    fn validate(&self, path: &str, errors: &mut Errors) {
-        if self.resource.len() > 317 {
-            errors.push(
-                format!("{path}.resource"),
-                "Too long: may not be more than 317 bytes",
-            );
-        } else if !is_extended_resource_name(&self.resource) {
-            errors.push(format!("{path}.resource"), MSG_RESOURCE);
-        }
-        if !is_bound(&self.min, false) {
-            errors.push(format!("{path}.min"), MSG_MIN);
-        }
-        if !is_bound(&self.max, true) {
-            errors.push(format!("{path}.max"), MSG_MAX);
-        }
-        if let (IntOrString::Int(min), IntOrString::Int(max)) = (&self.min, &self.max)
-            && min > max
-        {
-            errors.push(format!("{path}.min"), MSG_MIN_ABOVE_MAX);
-        }
-        errors.check_duration(
-            &format!("{path}.soak"),
-            "gates.allocatable[].soak",
-            &self.soak,
-            false,
-        );
-    }
-}
-
-/// `min` (and `max` with `allow_label`): "baseline", an integer >= 0, or
-/// "capacityLabel:<key>" with a non-empty key of at most 317 characters.
-fn is_bound(v: &IntOrString, allow_label: bool) -> bool {
-    match v {
-        IntOrString::Int(n) => *n >= 0,
-        IntOrString::String(s) if s == BASELINE => true,
-        IntOrString::String(s) => {
-            allow_label
-                && s.starts_with(CAPACITY_LABEL_PREFIX)
-                && s.len() > CAPACITY_LABEL_PREFIX.len()
-                && s.len() <= 331
-        }
     }
 }
 
