@@ -28,10 +28,11 @@ pub use duration::{DurationError, DurationString, format_duration, parse_duratio
 pub use failure::{OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget};
 pub use gates::{
     AllocatableGate, ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate,
-    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, Gates, InconclusivePolicy, LogsGate, PROBE_NODE_LABEL,
-    PROBE_REVISION_LABEL, PatternSet, PodsReadyGate, ProbeEnvVar, ProbeGate, ProbeResources,
-    PrometheusGate, PrometheusTls, ResourceSlicesGate, STAGE_NODES_PLACEHOLDER, SecretKeyRef,
-    UnreadablePolicy,
+    GATE_ALLOCATABLE, GATE_CLAIMS, GATE_DEVICE_HEALTH, GATE_DEVICE_TAINTS, GATE_LOGS,
+    GATE_PODS_READY, GATE_PROBE, GATE_PROMETHEUS, GATE_RESOURCE_SLICES, Gates, InconclusivePolicy,
+    LogsGate, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, PodsReadyGate, ProbeEnvVar,
+    ProbeGate, ProbeResources, PrometheusGate, PrometheusTls, ResourceSlicesGate,
+    STAGE_NODES_PLACEHOLDER, SecretKeyRef, UnreadablePolicy,
 };
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use quantity::{count_of, quantity_count};

@@ -56,7 +56,14 @@ pub struct AllocatableGate {
     pub soak: DurationString,
 }
 
+/// The gate's name, [`AllocatableGate::NAME`].
+pub const GATE_ALLOCATABLE: &str = AllocatableGate::NAME;
+
 impl AllocatableGate {
+    /// The gate's name prefix, as written in `GateResult.gate`
+    /// (`allocatable/<resource>` per resource).
+    pub const NAME: &'static str = "allocatable";
+
     /// A gate on `resource` with the defaults: min and max "baseline", soak 10s.
     pub fn new(resource: impl Into<String>) -> Self {
         Self {

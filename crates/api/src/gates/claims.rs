@@ -30,6 +30,14 @@ pub struct ClaimsGate {
     pub probe: Option<ClaimProbe>,
 }
 
+impl ClaimsGate {
+    /// The ResourceClaims gate's name, as written in `GateResult.gate`.
+    pub const NAME: &'static str = "claims";
+}
+
+/// The gate's name, [`ClaimsGate::NAME`].
+pub const GATE_CLAIMS: &str = ClaimsGate::NAME;
+
 /// The probe of `gates.claims`. Probe pods and claims are created in the
 /// SafeRollout's namespace, owned by the SafeRollout, one per node of a
 /// stage once its new driver pod is Ready, and deleted when their node passed

@@ -39,7 +39,14 @@ pub struct DeviceHealthGate {
     pub handover: DurationString,
 }
 
+/// The gate's name, [`DeviceHealthGate::NAME`].
+pub const GATE_DEVICE_HEALTH: &str = DeviceHealthGate::NAME;
+
 impl DeviceHealthGate {
+    /// The device health gate's (allocatedResourcesStatus) name, as written
+    /// in `GateResult.gate`.
+    pub const NAME: &'static str = "deviceHealth";
+
     /// A gate on a DRA driver's devices.
     pub fn for_driver(driver: impl Into<String>) -> Self {
         Self {

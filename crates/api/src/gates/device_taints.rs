@@ -42,7 +42,13 @@ pub struct DeviceTaintsGate {
     pub soak: DurationString,
 }
 
+/// The gate's name, [`DeviceTaintsGate::NAME`].
+pub const GATE_DEVICE_TAINTS: &str = DeviceTaintsGate::NAME;
+
 impl DeviceTaintsGate {
+    /// The device taints gate's name, as written in `GateResult.gate`.
+    pub const NAME: &'static str = "deviceTaints";
+
     pub fn new(driver: impl Into<String>) -> Self {
         Self {
             driver: driver.into(),

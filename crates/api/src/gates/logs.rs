@@ -10,9 +10,6 @@ use crate::duration::DurationString;
 use crate::schema::{duration, rule};
 use crate::validate::{Errors, Validate};
 
-/// Gate name of the logs gate.
-pub const GATE_LOGS: &str = "logs";
-
 /// Maximum number of user log patterns.
 pub const MAX_LOG_PATTERNS: u32 = 16;
 /// Longest user log pattern.
@@ -112,6 +109,14 @@ pub struct LogsGate {
     #[serde(default)]
     pub on_unreadable: UnreadablePolicy,
 }
+
+impl LogsGate {
+    /// The logs gate's name, as written in `GateResult.gate`.
+    pub const NAME: &'static str = "logs";
+}
+
+/// The gate's name, [`LogsGate::NAME`].
+pub const GATE_LOGS: &str = LogsGate::NAME;
 
 impl Default for LogsGate {
     /// Every built-in pattern set, a 60 s window read every 10 s, failing on

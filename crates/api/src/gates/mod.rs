@@ -15,12 +15,12 @@ pub mod probe;
 pub mod prometheus;
 pub mod resource_slices;
 
-pub use allocatable::AllocatableGate;
-pub use claims::{ClaimProbe, ClaimsGate};
-pub use device_health::DeviceHealthGate;
-pub use device_taints::{ClearedTaints, DeviceTaintsGate};
+pub use allocatable::{AllocatableGate, GATE_ALLOCATABLE};
+pub use claims::{ClaimProbe, ClaimsGate, GATE_CLAIMS};
+pub use device_health::{DeviceHealthGate, GATE_DEVICE_HEALTH};
+pub use device_taints::{ClearedTaints, DeviceTaintsGate, GATE_DEVICE_TAINTS};
 pub use logs::{GATE_LOGS, LogsGate, PatternSet, UnreadablePolicy};
-pub use pods_ready::PodsReadyGate;
+pub use pods_ready::{GATE_PODS_READY, PodsReadyGate};
 pub use probe::{
     GATE_PROBE, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, ProbeEnvVar, ProbeGate, ProbeResources,
 };
@@ -28,7 +28,7 @@ pub use prometheus::{
     CompareOp, Condition, GATE_PROMETHEUS, InconclusivePolicy, PrometheusGate, PrometheusTls,
     STAGE_NODES_PLACEHOLDER, SecretKeyRef, is_http_url, max_prometheus_timeout,
 };
-pub use resource_slices::ResourceSlicesGate;
+pub use resource_slices::{GATE_RESOURCE_SLICES, ResourceSlicesGate};
 
 use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
@@ -230,5 +230,55 @@ mod tests {
                 "spec.gates",
             ]
         );
+    }
+
+    /// A gate's name is its field in `spec.gates`: what `GateResult.gate`
+    /// says (or starts with) is what the manifest calls the gate.
+    #[test]
+    fn each_gate_is_named_as_its_field() {
+        let gates = Gates {
+            pods_ready: Some(PodsReadyGate::default()),
+            allocatable: vec![AllocatableGate::new("example.com/gpu")],
+            resource_slices: Some(ResourceSlicesGate::new("gpu.example.com")),
+            claims: Some(ClaimsGate {
+                driver: "gpu.example.com".into(),
+                probe: None,
+            }),
+            device_health: Some(DeviceHealthGate::for_driver("gpu.example.com")),
+            device_taints: Some(DeviceTaintsGate::new("gpu.example.com")),
+            probe: Some(
+                serde_json::from_value(json!({"image": "x", "resource": "example.com/gpu"}))
+                    .unwrap(),
+            ),
+            logs: Some(LogsGate::default()),
+            prometheus: vec![
+                serde_json::from_value(
+                    json!({"name": "p", "address": "http://p", "query": "up", "condition": "< 1"}),
+                )
+                .unwrap(),
+            ],
+        };
+        let fields: Vec<String> = serde_json::to_value(&gates)
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        let mut names = [
+            PodsReadyGate::NAME,
+            AllocatableGate::NAME,
+            ResourceSlicesGate::NAME,
+            ClaimsGate::NAME,
+            DeviceHealthGate::NAME,
+            DeviceTaintsGate::NAME,
+            ProbeGate::NAME,
+            LogsGate::NAME,
+            PrometheusGate::NAME,
+        ];
+        names.sort();
+        let mut fields = fields;
+        fields.sort();
+        assert_eq!(fields, names);
     }
 }

@@ -20,6 +20,14 @@ pub struct PodsReadyGate {
     pub timeout: Option<DurationString>,
 }
 
+impl PodsReadyGate {
+    /// The always-on pods-ready gate's name, as written in `GateResult.gate`.
+    pub const NAME: &'static str = "podsReady";
+}
+
+/// The gate's name, [`PodsReadyGate::NAME`].
+pub const GATE_PODS_READY: &str = PodsReadyGate::NAME;
+
 fn pods_ready_timeout(_: &mut SchemaGenerator) -> Schema {
     duration("gates.podsReady.timeout", true)
 }

@@ -23,9 +23,6 @@ use crate::validate::{
     Errors, Validate, is_count_or_percent, is_dns1123_subdomain, is_extended_resource_name,
 };
 
-/// Gate name of the probe gate, as written in `GateResult.gate`.
-pub const GATE_PROBE: &str = "probe";
-
 /// Label on probe pods: the node the probe proves (also its pinning).
 pub const PROBE_NODE_LABEL: &str = "saferollout.dev/probe-node";
 /// Label on probe pods: the revision the probe proves. Probe pods are
@@ -141,6 +138,14 @@ pub struct ProbeGate {
     #[schemars(schema_with = "probe_timeout")]
     pub timeout: DurationString,
 }
+
+impl ProbeGate {
+    /// The probe gate's name, as written in `GateResult.gate`.
+    pub const NAME: &'static str = "probe";
+}
+
+/// The gate's name, [`ProbeGate::NAME`].
+pub const GATE_PROBE: &str = ProbeGate::NAME;
 
 /// An environment variable of the probe container: a literal value only.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -12,9 +12,6 @@ use crate::duration::DurationString;
 use crate::schema::{DNS1123_SUBDOMAIN_REGEX, at_most_message, duration, duration_at_most, rule};
 use crate::validate::{Errors, Validate, duration_error, is_dns1123_label, is_dns1123_subdomain};
 
-/// Gate name prefix of the prometheus gate (`prometheus/<name>` per query).
-pub const GATE_PROMETHEUS: &str = "prometheus";
-
 /// The placeholder a prometheus query may contain: replaced by a regular
 /// expression matching exactly the nodes the rollout holds.
 pub const STAGE_NODES_PLACEHOLDER: &str = "$STAGE_NODES";
@@ -128,6 +125,15 @@ pub struct PrometheusGate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_secret: Option<SecretKeyRef>,
 }
+
+impl PrometheusGate {
+    /// The gate's name prefix, as written in `GateResult.gate`
+    /// (`prometheus/<name>` per query).
+    pub const NAME: &'static str = "prometheus";
+}
+
+/// The gate's name, [`PrometheusGate::NAME`].
+pub const GATE_PROMETHEUS: &str = PrometheusGate::NAME;
 
 fn default_prometheus_interval() -> DurationString {
     DurationString::from("30s")

@@ -55,7 +55,13 @@ pub struct ResourceSlicesGate {
     pub soak: DurationString,
 }
 
+/// The gate's name, [`ResourceSlicesGate::NAME`].
+pub const GATE_RESOURCE_SLICES: &str = ResourceSlicesGate::NAME;
+
 impl ResourceSlicesGate {
+    /// The DRA ResourceSlices gate's name, as written in `GateResult.gate`.
+    pub const NAME: &'static str = "resourceSlices";
+
     /// A gate on `driver` with the defaults (baseline bounds, 40 s soak).
     pub fn new(driver: impl Into<String>) -> Self {
         Self {
