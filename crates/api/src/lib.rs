@@ -1,16 +1,36 @@
 //! The `SafeRollout` custom resource (`saferollout.dev/v1alpha1`): a staged,
 //! gated rollout of one device-plugin or DRA-driver DaemonSet.
 //!
-//! - [`SafeRollout`] / [`SafeRolloutSpec`] / [`SafeRolloutStatus`]: the resource.
+//! - [`SafeRollout`] / [`SafeRolloutSpec`] ([`spec`]) / [`SafeRolloutStatus`]
+//!   ([`status`]): the resource.
+//! - [`gates`]: one file per gate (`gates/pods_ready.rs`, ...,
+//!   `gates/prometheus.rs`, named as `saferollout_core::gates` names the
+//!   module that judges it), each with the gate's settings, defaults, schema
+//!   and CEL rules, validation and name ([`PodsReadyGate::NAME`], ...);
+//!   [`Gates`] gathers them.
+//! - [`failure`]: `spec.onFailure` ([`OnFailure`]) and `spec.quarantine`.
+//! - [`status`]: what the operator writes, with the records gates and
+//!   failure policies keep ([`ProbeRecord`], [`Measurements`],
+//!   [`StoppedRollout`], [`NodeDevices`]) and the wire forms of a stage's
+//!   baselines ([`baseline`], [`device_baseline`]).
+//! - [`validate`]: [`SafeRolloutSpec::validate`], the schema's checks
+//!   client-side (for linting): every part of the spec implements
+//!   [`Validate`] and reports into one [`Errors`].
+//! - [`schema`]: the hand-written schemas and CEL helpers the parts share.
 //! - [`consts`]: labels, annotations, condition types, field manager.
 //! - [`parse_duration`], [`DurationString`]: durations such as `1h30m`.
 //! - [`resolve_count`], [`parse_bound`]: int-or-string helpers.
 //! - [`quantity_count`]: a Kubernetes quantity (`8`, `8k`, `2Ki`) as a whole count.
-//! - [`SafeRolloutSpec::validate`]: the schema's checks, client-side (for linting).
 //! - [`crd_yaml`]: the CRD manifest (also `cargo run -p saferollout-api --bin crdgen`).
 //!
 //! The CRD schema rejects nonsense with CEL rules whose messages name the
 //! field; see `tests/malformed/` at the repository root for examples.
+//!
+//! No file imports another in a cycle (`tests/tools/import-cycles
+//! crates/api`): `consts`, `duration`, `intstr`, `schema` and `validate` know
+//! nothing of the spec; the gates import only them; `status` imports no gate;
+//! `spec` imports all of it. Everything is re-exported here, and the former
+//! modules `devices` and `proof` stay as re-exports.
 
 pub mod consts;
 pub mod duration;
