@@ -1,5 +1,7 @@
 //! Every well-known name of the API in one place: group, version, kind, labels,
-//! annotations, condition types, gate names, the field manager and finalizer.
+//! annotations, condition types, the field manager and finalizer. A gate's
+//! name is defined next to its type (`PodsReadyGate::NAME`, ...; the
+//! `GATE_*` constants at the crate root are the same names).
 
 /// API group of the SafeRollout resource.
 pub const GROUP: &str = "saferollout.dev";
@@ -76,24 +78,10 @@ pub const CONDITION_STALLED: &str = "Stalled";
 /// Condition type: the preflight checks of the target revision found no error.
 pub const CONDITION_PREFLIGHT_PASSED: &str = "PreflightPassed";
 
-/// Gate name of the always-on pods-ready gate, as written in `GateResult.gate`.
-pub const GATE_PODS_READY: &str = "podsReady";
-/// Gate name prefix of the allocatable gate (`allocatable/<resource>` per resource).
-pub const GATE_ALLOCATABLE: &str = "allocatable";
-
 /// The `capacityLabel:` prefix of an allocatable gate's `max` bound.
 pub const CAPACITY_LABEL_PREFIX: &str = "capacityLabel:";
 /// The `baseline` word of an allocatable gate's `min`/`max` bound.
 pub const BASELINE: &str = "baseline";
-
-/// Gate name of the DRA ResourceSlices gate.
-pub const GATE_RESOURCE_SLICES: &str = "resourceSlices";
-/// Gate name of the ResourceClaims gate.
-pub const GATE_CLAIMS: &str = "claims";
-/// Gate name of the device health gate (allocatedResourcesStatus).
-pub const GATE_DEVICE_HEALTH: &str = "deviceHealth";
-/// Gate name of the device taints gate.
-pub const GATE_DEVICE_TAINTS: &str = "deviceTaints";
 
 /// Label on the claims probes (pods and the claims the operator creates for
 /// them); the value is the SafeRollout's [`ROLLOUT_LABEL`] value.

@@ -5,12 +5,10 @@
 //! ([`DURATION_REGEX`]) and by [`parse_duration`], so a value the API server
 //! accepted always parses (except absurd overflows, reported as an error).
 
-use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
 /// The duration grammar as an RE2 regular expression (used in CEL rules).
@@ -201,20 +199,6 @@ impl FromStr for DurationString {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         parse_duration(s)?;
         Ok(Self(s.to_string()))
-    }
-}
-
-impl JsonSchema for DurationString {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "DurationString".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        crate::schema::duration("this field", false)
     }
 }
 

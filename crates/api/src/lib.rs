@@ -1,24 +1,42 @@
 //! The `SafeRollout` custom resource (`saferollout.dev/v1alpha1`): a staged,
 //! gated rollout of one device-plugin or DRA-driver DaemonSet.
 //!
-//! - [`SafeRollout`] / [`SafeRolloutSpec`] / [`SafeRolloutStatus`]: the resource.
+//! - [`SafeRollout`] / [`SafeRolloutSpec`] ([`spec`]) / [`SafeRolloutStatus`]
+//!   ([`status`]): the resource.
+//! - [`gates`]: one file per gate (`gates/pods_ready.rs`, ...,
+//!   `gates/prometheus.rs`, named as `saferollout_core::gates` names the
+//!   module that judges it), each with the gate's settings, defaults, schema
+//!   and CEL rules, validation and name ([`PodsReadyGate::NAME`], ...);
+//!   [`Gates`] gathers them.
+//! - [`failure`]: `spec.onFailure` ([`OnFailure`]) and `spec.quarantine`.
+//! - [`status`]: what the operator writes, with the records gates and
+//!   failure policies keep ([`ProbeRecord`], [`Measurements`],
+//!   [`StoppedRollout`], [`NodeDevices`]) and the wire forms of a stage's
+//!   baselines ([`baseline`], [`device_baseline`]).
+//! - [`validate`]: [`SafeRolloutSpec::validate`], the schema's checks
+//!   client-side (for linting): every part of the spec implements
+//!   [`Validate`] and reports into one [`Errors`].
+//! - [`schema`]: the hand-written schemas and CEL helpers the parts share.
 //! - [`consts`]: labels, annotations, condition types, field manager.
 //! - [`parse_duration`], [`DurationString`]: durations such as `1h30m`.
 //! - [`resolve_count`], [`parse_bound`]: int-or-string helpers.
 //! - [`quantity_count`]: a Kubernetes quantity (`8`, `8k`, `2Ki`) as a whole count.
-//! - [`SafeRolloutSpec::validate`]: the schema's checks, client-side (for linting).
 //! - [`crd_yaml`]: the CRD manifest (also `cargo run -p saferollout-api --bin crdgen`).
 //!
 //! The CRD schema rejects nonsense with CEL rules whose messages name the
 //! field; see `tests/malformed/` at the repository root for examples.
+//!
+//! No file imports another in a cycle (`tests/tools/import-cycles
+//! crates/api`): `consts`, `duration`, `intstr`, `schema` and `validate` know
+//! nothing of the spec; the gates import only them; `status` imports no gate;
+//! `spec` imports all of it. Everything is re-exported here, and the former
+//! modules `devices` and `proof` stay as re-exports.
 
-pub mod baseline;
 pub mod consts;
-pub mod device_baseline;
-pub mod devices;
 pub mod duration;
+pub mod failure;
+pub mod gates;
 pub mod intstr;
-pub mod proof;
 pub mod quantity;
 pub mod schema;
 pub mod spec;
@@ -26,30 +44,59 @@ pub mod status;
 pub mod validate;
 
 pub use consts::*;
-pub use devices::{
-    ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate, NodeDevices,
-    OnFailure, QuarantineEffect, QuarantineRecord, QuarantineSpec, QuarantineTarget,
-    QuarantinedPool, ResourceSlicesGate, StoppedRollout,
-};
 pub use duration::{DurationError, DurationString, format_duration, parse_duration};
-pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
-pub use proof::{
-    GATE_LOGS, GATE_PROBE, GATE_PROMETHEUS, InconclusivePolicy, LogsGate, Measurements,
-    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, ProbeEnvVar, ProbeGate, ProbeRecord,
-    ProbeResources, PrometheusGate, PrometheusTls, STAGE_NODES_PLACEHOLDER, SecretKeyRef,
-    UnreadablePolicy,
+pub use failure::{OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget};
+pub use gates::{
+    AllocatableGate, ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate,
+    GATE_ALLOCATABLE, GATE_CLAIMS, GATE_DEVICE_HEALTH, GATE_DEVICE_TAINTS, GATE_LOGS,
+    GATE_PODS_READY, GATE_PROBE, GATE_PROMETHEUS, GATE_RESOURCE_SLICES, Gates, InconclusivePolicy,
+    LogsGate, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, PodsReadyGate, ProbeEnvVar,
+    ProbeGate, ProbeResources, PrometheusGate, PrometheusTls, ResourceSlicesGate,
+    STAGE_NODES_PLACEHOLDER, SecretKeyRef, UnreadablePolicy,
 };
+pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use quantity::{count_of, quantity_count};
 pub use spec::{
-    AllocatableGate, Canary, Gates, PodsReadyGate, Preflight, PreflightPolicy, SafeRollout,
-    SafeRolloutSpec, Stage, TargetRef, default_stages,
+    Canary, Preflight, PreflightPolicy, SafeRollout, SafeRolloutSpec, Stage, TargetRef,
+    default_stages,
 };
 pub use status::{
-    AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, NodeNote, Phase,
-    PreflightFinding, PreflightStatus, Progress, ResourceCounts, SafeRolloutStatus, StageState,
-    StageStatus,
+    AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, Measurements,
+    NodeDevices, NodeNote, Phase, PreflightFinding, PreflightStatus, ProbeRecord, Progress,
+    QuarantineRecord, QuarantinedPool, ResourceCounts, SafeRolloutStatus, StageState, StageStatus,
+    StoppedRollout,
 };
-pub use validate::FieldError;
+pub use validate::{Errors, FieldError, Validate};
+
+// Former paths, kept so that `saferollout_api::devices::MAX_RECORDED`,
+// `saferollout_api::proof::is_http_url` and the like still resolve.
+
+/// The wire forms of a stage's baselines, at their former paths.
+pub use status::{baseline, device_baseline};
+
+/// The device gates, `onFailure` and their status records, at their former
+/// path: re-exports of [`gates`], [`failure`] and [`status`].
+pub mod devices {
+    pub use crate::failure::*;
+    pub use crate::gates::MSG_ONE_DRIVER;
+    pub use crate::gates::claims::*;
+    pub use crate::gates::device_health::*;
+    pub use crate::gates::device_taints::*;
+    pub use crate::gates::resource_slices::*;
+    pub use crate::schema::{MSG_DRIVER, MSG_HEALTH_RESOURCE};
+    pub use crate::status::{
+        MAX_RECORDED, NodeDevices, QuarantineRecord, QuarantinedPool, StoppedRollout,
+    };
+}
+
+/// The probe, logs and prometheus gates and their status records, at their
+/// former path: re-exports of [`gates`] and [`status`].
+pub mod proof {
+    pub use crate::gates::logs::*;
+    pub use crate::gates::probe::*;
+    pub use crate::gates::prometheus::*;
+    pub use crate::status::{Measurements, ProbeRecord};
+}
 
 use kube::CustomResourceExt;
 

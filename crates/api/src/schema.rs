@@ -10,10 +10,12 @@
 //! they compare with literals and use `in` on a literal list, which cost O(1) in
 //! the string's size.
 
-use schemars::{Schema, SchemaGenerator, json_schema};
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde_json::{Value, json};
 
-use crate::duration::{DURATION_MAX_LENGTH, DURATION_REGEX};
+use crate::duration::{DURATION_MAX_LENGTH, DURATION_REGEX, DurationString};
 
 /// DNS-1123 subdomain, as RE2 without backslashes.
 pub const DNS1123_SUBDOMAIN_REGEX: &str =
@@ -28,8 +30,6 @@ pub const INT32_MAX: i64 = i32::MAX as i64;
 
 /// Maximum number of stages.
 pub const MAX_STAGES: u32 = 10;
-/// Maximum number of allocatable gate entries.
-pub const MAX_ALLOCATABLE: u32 = 8;
 
 /// Message of the DNS-1123 rule on `spec.targetRef.name`.
 pub const MSG_TARGET_NAME: &str = "targetRef.name must be the name of a DaemonSet: a non-empty DNS-1123 subdomain (lowercase letters, digits, '-' and '.')";
@@ -40,14 +40,12 @@ pub const MSG_TARGET_IMMUTABLE: &str =
 pub const MSG_STAGE_NODES: &str = "stages[].nodes must be a positive node count or a percentage between 1% and 100% (e.g. 1, 5, \"10%\")";
 /// Message of the rule on `spec.maxUnavailable`.
 pub const MSG_MAX_UNAVAILABLE: &str = "maxUnavailable must be a positive pod count or a percentage between 1% and 100% (e.g. 1, \"10%\")";
-/// Message of the rule on `spec.gates.allocatable[].resource`.
-pub const MSG_RESOURCE: &str = "gates.allocatable[].resource must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
-/// Message of the rule on `spec.gates.allocatable[].min`.
-pub const MSG_MIN: &str = "gates.allocatable[].min must be \"baseline\" or an integer >= 0";
-/// Message of the rule on `spec.gates.allocatable[].max`.
-pub const MSG_MAX: &str = "gates.allocatable[].max must be \"baseline\", \"capacityLabel:<node-label-key>\" or an integer >= 0";
-/// Message of the rule comparing `min` and `max` of an allocatable gate.
-pub const MSG_MIN_ABOVE_MAX: &str = "gates.allocatable[].min must not be greater than max";
+
+/// Message of the rule on a DRA driver name.
+pub const MSG_DRIVER: &str =
+    "must be a DRA driver name: a DNS subdomain of at most 63 characters, such as gpu.nvidia.com";
+/// Message of the rule on `deviceHealth.resource` and `quarantine.resource`.
+pub const MSG_HEALTH_RESOURCE: &str = "must be an extended resource name with a domain prefix, such as nvidia.com/gpu (cpu, memory and kubernetes.io/ names are not extended resources)";
 
 /// Message of the grammar rule on a duration field.
 pub fn duration_message(field: &str) -> String {
@@ -85,7 +83,7 @@ pub fn count_or_percent_rule() -> String {
     )
 }
 
-fn int_or_string(rules: Vec<Value>) -> Schema {
+pub(crate) fn int_or_string(rules: Vec<Value>) -> Schema {
     // `nullable: false` stops kube's OptionalIntOrString transform from marking a
     // defaulted field nullable: a `null` is then pruned and defaulted by the API
     // server instead of reaching the operator.
@@ -114,6 +112,23 @@ pub(crate) fn duration(field: &str, positive: bool) -> Schema {
         "maxLength": DURATION_MAX_LENGTH,
         "x-kubernetes-validations": rules,
     })
+}
+
+/// A duration field's schema: the grammar rule, named for no field in
+/// particular (fields name themselves with `schema_with`). Here rather than
+/// in `duration`, which the schema helpers read.
+impl JsonSchema for DurationString {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "DurationString".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        duration("this field", false)
+    }
 }
 
 /// A positive duration schema of at most `max` (a Go duration such as
@@ -178,44 +193,48 @@ pub(crate) fn progress_deadline(_: &mut SchemaGenerator) -> Schema {
     duration("progressDeadline", true)
 }
 
-pub(crate) fn pods_ready_timeout(_: &mut SchemaGenerator) -> Schema {
-    duration("gates.podsReady.timeout", true)
-}
+// Names shared by the device gates and the quarantine.
 
-pub(crate) fn allocatable_resource(_: &mut SchemaGenerator) -> Schema {
+/// The DNS-1123 subdomain regex (RE2) limited to 63 characters by maxLength.
+const DNS_SUBDOMAIN: &str = DNS1123_SUBDOMAIN_REGEX;
+
+/// A string of at most `max` bytes with one rule.
+pub(crate) fn string_rule(max: u32, cel: &str, message: &str) -> Schema {
     json_schema!({
         "type": "string",
-        "maxLength": 317,
-        "x-kubernetes-validations": [rule(
-            &format!(
-                "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
-            ),
-            MSG_RESOURCE,
-        )],
+        "maxLength": max,
+        "x-kubernetes-validations": [rule(cel, message)],
     })
 }
 
-pub(crate) fn allocatable_min(_: &mut SchemaGenerator) -> Schema {
-    int_or_string(vec![rule(
-        &format!(
-            "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && self == 'baseline')"
-        ),
-        MSG_MIN,
-    )])
+/// A DRA driver name (the device gates' `driver`, `quarantine.driver`).
+pub(crate) fn driver_name(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        63,
+        &format!("self.matches('{DNS_SUBDOMAIN}')"),
+        &format!("driver {MSG_DRIVER}"),
+    )
 }
 
-pub(crate) fn allocatable_max(_: &mut SchemaGenerator) -> Schema {
-    // 14 = len("capacityLabel:"), 317 = longest label key.
-    int_or_string(vec![rule(
-        &format!(
-            "type(self) == int ? (self >= 0 && self <= {INT32_MAX}) : (type(self) == string && (self == 'baseline' || (self.startsWith('capacityLabel:') && size(self) > 14 && size(self) <= 331)))"
-        ),
-        MSG_MAX,
-    )])
+pub(crate) fn optional_driver_name(g: &mut SchemaGenerator) -> Schema {
+    driver_name(g)
 }
 
-pub(crate) fn allocatable_soak(_: &mut SchemaGenerator) -> Schema {
-    duration("gates.allocatable[].soak", false)
+/// A device plugin's extended resource (`gates.deviceHealth.resource`,
+/// `quarantine.resource`).
+pub(crate) fn health_resource(_: &mut SchemaGenerator) -> Schema {
+    string_rule(
+        317,
+        &format!(
+            "self.matches('{EXTENDED_RESOURCE_REGEX}') && !self.contains('kubernetes.io/') && !self.startsWith('requests.')"
+        ),
+        &format!("resource {MSG_HEALTH_RESOURCE}"),
+    )
+}
+
+/// Sets the `x-kubernetes-validations` of a schema.
+pub(crate) fn add_rules(s: &mut Schema, rules: serde_json::Value) {
+    s.insert("x-kubernetes-validations".into(), rules);
 }
 
 /// Marks a per-node field of a stage's status (a map or a list) atomic for

@@ -7,18 +7,15 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
-use schemars::{JsonSchema, Schema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::consts::BASELINE;
-use crate::devices::{
-    self, ClaimsGate, DeviceHealthGate, DeviceTaintsGate, OnFailure, QuarantineSpec,
-    ResourceSlicesGate,
-};
 use crate::duration::{DurationError, DurationString};
-use crate::intstr::{Bound, BoundError, parse_bound};
-use crate::schema;
+use crate::failure::{self, OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget};
+use crate::gates::{AllocatableGate, Gates, LogsGate, ProbeGate, PrometheusGate};
+use crate::schema::{self, MAX_STAGES, MSG_MAX_UNAVAILABLE, MSG_STAGE_NODES, MSG_TARGET_NAME};
 use crate::status::SafeRolloutStatus;
+use crate::validate::{Errors, FieldError, Validate, is_count_or_percent, is_dns1123_subdomain};
 
 /// SafeRolloutSpec is the desired state of a staged, gated rollout of one
 /// DaemonSet (a device plugin or DRA driver) in the SafeRollout's namespace.
@@ -46,7 +43,7 @@ use crate::status::SafeRolloutStatus;
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = devices::spec_rules)]
+#[schemars(transform = failure::spec_rules)]
 pub struct SafeRolloutSpec {
     /// The DaemonSet to roll out. It must be in the SafeRollout's namespace.
     pub target_ref: TargetRef,
@@ -119,7 +116,7 @@ pub struct SafeRolloutSpec {
 
     /// How `onFailure: Quarantine` takes devices out of service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(transform = devices::quarantine_rules)]
+    #[schemars(transform = failure::quarantine_rules)]
     pub quarantine: Option<QuarantineSpec>,
 }
 
@@ -188,111 +185,6 @@ pub struct Stage {
     pub pause: bool,
 }
 
-/// The health gates. podsReady always applies; every other gate applies when
-/// its field is set. (Adding a gate is one optional field here.)
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(transform = devices::gates_rules)]
-pub struct Gates {
-    /// Every agent pod on the stage's nodes must be Running, Ready and of the
-    /// new revision. Fails at once on CrashLoopBackOff, ImagePullBackOff or
-    /// CreateContainerConfigError. Judged even when this field is absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pods_ready: Option<PodsReadyGate>,
-
-    /// Per node, an extended resource's allocatable count must stay within
-    /// bounds once the new agent pod is Ready. At most 8 entries, one per
-    /// resource.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 8), transform = schema::list_map_by_resource)]
-    pub allocatable: Vec<AllocatableGate>,
-
-    /// DRA: the driver's ResourceSlices per node are republished, complete and
-    /// within bounds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource_slices: Option<ResourceSlicesGate>,
-
-    /// DRA: allocated ResourceClaims survive the driver's restart; optionally a
-    /// probe claim the scheduler must allocate on each node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claims: Option<ClaimsGate>,
-
-    /// Workloads' allocatedResourcesStatus reads Healthy (device plugins and
-    /// DRA drivers).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_health: Option<DeviceHealthGate>,
-
-    /// DRA: no device newly tainted by the release; health taints cleared by
-    /// it reported (or failed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_taints: Option<DeviceTaintsGate>,
-    /// A short-lived pod per stage node (or a sample) that asks for one
-    /// device and must succeed: proves the devices serve workloads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<crate::proof::ProbeGate>,
-
-    /// Agent pod logs must show no fatal line within a window after start.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logs: Option<crate::proof::LogsGate>,
-
-    /// PromQL analyses over the stage's nodes. At most 8, one per name.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 8), transform = schema::list_map_by_name)]
-    pub prometheus: Vec<crate::proof::PrometheusGate>,
-}
-
-/// Settings of the podsReady gate.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PodsReadyGate {
-    /// How long the stage's agent pods may take to become Ready. Defaults to
-    /// the rollout's progressDeadline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "schema::pods_ready_timeout")]
-    pub timeout: Option<DurationString>,
-}
-
-/// The allocatable gate for one extended resource.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(transform = allocatable_rules)]
-pub struct AllocatableGate {
-    /// The extended resource, e.g. nvidia.com/gpu (a name with a domain prefix;
-    /// cpu and memory are not extended resources).
-    #[schemars(schema_with = "schema::allocatable_resource")]
-    pub resource: String,
-
-    /// Floor: "baseline" (the node's allocatable before the stage touched it)
-    /// or a number. Catches a plugin that is Ready but advertises nothing.
-    #[serde(default = "default_bound")]
-    #[schemars(schema_with = "schema::allocatable_min")]
-    pub min: IntOrString,
-
-    /// Ceiling: "baseline", "capacityLabel:<node-label-key>" (the integer
-    /// value of a trusted node label such as nvidia.com/gpu.count) or a number.
-    /// Catches a plugin that advertises more devices than exist.
-    #[serde(default = "default_bound")]
-    #[schemars(schema_with = "schema::allocatable_max")]
-    pub max: IntOrString,
-
-    /// How long the value must stay within bounds before the gate passes
-    /// (rejects flapping).
-    #[serde(default = "default_allocatable_soak")]
-    #[schemars(schema_with = "schema::allocatable_soak")]
-    pub soak: DurationString,
-}
-
-fn allocatable_rules(s: &mut Schema) {
-    s.insert(
-        "x-kubernetes-validations".into(),
-        serde_json::json!([{
-            "rule": "!has(self.min) || !has(self.max) || type(self.min) != int || type(self.max) != int || self.min <= self.max",
-            "message": schema::MSG_MIN_ABOVE_MAX,
-            "fieldPath": ".min",
-        }]),
-    );
-}
-
 fn default_max_unavailable() -> IntOrString {
     IntOrString::Int(1)
 }
@@ -303,14 +195,6 @@ fn default_progress_deadline() -> DurationString {
 
 fn default_stage_soak() -> DurationString {
     DurationString::from("0s")
-}
-
-fn default_allocatable_soak() -> DurationString {
-    DurationString::from("10s")
-}
-
-fn default_bound() -> IntOrString {
-    IntOrString::String(BASELINE.to_string())
 }
 
 /// The stages used when `spec.stages` is absent: 1 node, 10%, 50%, 100%.
@@ -336,28 +220,6 @@ impl Stage {
     /// Whether the stage explicitly covers every node (`"100%"`).
     pub fn is_full(&self) -> bool {
         matches!(&self.nodes, IntOrString::String(s) if s == "100%")
-    }
-}
-
-impl AllocatableGate {
-    /// A gate on `resource` with the defaults: min and max "baseline", soak 10s.
-    pub fn new(resource: impl Into<String>) -> Self {
-        Self {
-            resource: resource.into(),
-            min: default_bound(),
-            max: default_bound(),
-            soak: default_allocatable_soak(),
-        }
-    }
-
-    /// The floor, parsed.
-    pub fn min_bound(&self) -> Result<Bound, BoundError> {
-        parse_bound(&self.min, false)
-    }
-
-    /// The ceiling, parsed.
-    pub fn max_bound(&self) -> Result<Bound, BoundError> {
-        parse_bound(&self.max, true)
     }
 }
 
@@ -429,17 +291,17 @@ impl SafeRolloutSpec {
     }
 
     /// The probe gate, when configured.
-    pub fn probe_gate(&self) -> Option<&crate::proof::ProbeGate> {
+    pub fn probe_gate(&self) -> Option<&ProbeGate> {
         self.gates.as_ref().and_then(|g| g.probe.as_ref())
     }
 
     /// The logs gate, when configured.
-    pub fn logs_gate(&self) -> Option<&crate::proof::LogsGate> {
+    pub fn logs_gate(&self) -> Option<&LogsGate> {
         self.gates.as_ref().and_then(|g| g.logs.as_ref())
     }
 
     /// The prometheus gates (empty when none).
-    pub fn prometheus_gates(&self) -> &[crate::proof::PrometheusGate] {
+    pub fn prometheus_gates(&self) -> &[PrometheusGate] {
         self.gates
             .as_ref()
             .map(|g| g.prometheus.as_slice())
@@ -455,9 +317,206 @@ impl SafeRolloutSpec {
     }
 }
 
+impl SafeRolloutSpec {
+    /// The one DRA driver the device gates name (the schema makes them agree).
+    pub fn device_driver(&self) -> Option<&str> {
+        self.gates.as_ref()?.drivers().next()
+    }
+
+    /// What a quarantine takes out of service: `spec.quarantine`'s driver or
+    /// resource, else the driver of the device gates, else the device
+    /// plugin's resource of `gates.deviceHealth` or `gates.allocatable[0]`.
+    pub fn quarantine_target(&self) -> Option<QuarantineTarget> {
+        let q = self.quarantine.as_ref();
+        if let Some(d) = q.and_then(|q| q.driver.as_ref()) {
+            return Some(QuarantineTarget::Driver(d.clone()));
+        }
+        if let Some(r) = q.and_then(|q| q.resource.as_ref()) {
+            return Some(QuarantineTarget::Resource(r.clone()));
+        }
+        if let Some(d) = self.device_driver() {
+            return Some(QuarantineTarget::Driver(d.to_string()));
+        }
+        let g = self.gates.as_ref()?;
+        g.device_health
+            .as_ref()
+            .and_then(|h| h.resource.clone())
+            .or_else(|| g.allocatable.first().map(|a| a.resource.clone()))
+            .map(QuarantineTarget::Resource)
+    }
+
+    /// The device plugins' resources the gates judge (`gates.allocatable`,
+    /// `gates.deviceHealth.resource`).
+    pub fn gated_resources(&self) -> Vec<&str> {
+        let Some(g) = self.gates.as_ref() else {
+            return Vec::new();
+        };
+        g.allocatable
+            .iter()
+            .map(|a| a.resource.as_str())
+            .chain(g.device_health.as_ref().and_then(|h| h.resource.as_deref()))
+            .collect()
+    }
+
+    /// Where `spec.quarantine` names something this rollout does not judge
+    /// (another driver than the device gates', a resource the gates do not
+    /// name), as (field, why): the schema's rules, which the operator
+    /// checks again.
+    pub fn quarantine_out_of_scope(&self) -> Vec<(&'static str, &'static str)> {
+        let Some(q) = self.quarantine.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if let (Some(d), Some(gated)) = (&q.driver, self.device_driver())
+            && d != gated
+        {
+            out.push((
+                "spec.quarantine.driver",
+                failure::MSG_QUARANTINE_DRIVER_SCOPE,
+            ));
+        }
+        let gated = self.gated_resources();
+        if let Some(r) = &q.resource
+            && !gated.is_empty()
+            && !gated.contains(&r.as_str())
+        {
+            out.push((
+                "spec.quarantine.resource",
+                failure::MSG_QUARANTINE_RESOURCE_SCOPE,
+            ));
+        }
+        out
+    }
+
+    /// The quarantine's effect.
+    pub fn quarantine_effect(&self) -> QuarantineEffect {
+        self.quarantine
+            .as_ref()
+            .map(|q| q.effect)
+            .unwrap_or_default()
+    }
+}
+
 impl SafeRollout {
     /// `spec.template` as a typed PodTemplateSpec; see [`SafeRolloutSpec::typed_template`].
     pub fn typed_template(&self) -> Result<Option<PodTemplateSpec>, serde_json::Error> {
         self.spec.typed_template()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Client-side validation (mirrors the schema; see crate::validate)
+
+impl SafeRollout {
+    /// Validates the spec as the API server would; empty when valid.
+    pub fn validate(&self) -> Vec<FieldError> {
+        self.spec.validate()
+    }
+}
+
+impl SafeRolloutSpec {
+    /// Validates the spec as the API server would (paths start with `spec.`);
+    /// empty when valid.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Errors::new();
+        Validate::validate(self, "spec", &mut errors);
+        errors.into_vec()
+    }
+}
+
+impl Validate for SafeRolloutSpec {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        self.target_ref
+            .validate(&format!("{path}.targetRef"), errors);
+        if let Some(stages) = &self.stages {
+            let at = format!("{path}.stages");
+            if stages.is_empty() {
+                errors.push(&at, "should have at least 1 items");
+            }
+            errors.check_max_items(&at, stages.len(), MAX_STAGES as usize);
+            for (i, stage) in stages.iter().enumerate() {
+                stage.validate(&format!("{at}[{i}]"), errors);
+            }
+        }
+        if !is_count_or_percent(&self.max_unavailable) {
+            errors.push(format!("{path}.maxUnavailable"), MSG_MAX_UNAVAILABLE);
+        }
+        errors.check_duration(
+            &format!("{path}.progressDeadline"),
+            "progressDeadline",
+            &self.progress_deadline,
+            true,
+        );
+        self.gates.validate(&format!("{path}.gates"), errors);
+        self.quarantine
+            .validate(&format!("{path}.quarantine"), errors);
+        // The rules on spec that read the gates and the failure policy
+        // together (`failure::spec_rules`).
+        for (field, why) in self.quarantine_out_of_scope() {
+            errors.push(field, why);
+        }
+        if self.on_failure == OnFailure::Quarantine && self.quarantine_target().is_none() {
+            errors.push(format!("{path}.onFailure"), failure::MSG_QUARANTINE_TARGET);
+        }
+    }
+}
+
+impl Validate for TargetRef {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        let at = format!("{path}.name");
+        if self.name.len() > 253 {
+            errors.push(at, "Too long: may not be more than 253 bytes");
+        } else if !is_dns1123_subdomain(&self.name) {
+            errors.push(at, MSG_TARGET_NAME);
+        }
+    }
+}
+
+impl Validate for Stage {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if !is_count_or_percent(&self.nodes) {
+            errors.push(format!("{path}.nodes"), MSG_STAGE_NODES);
+        }
+        errors.check_duration(&format!("{path}.soak"), "stages[].soak", &self.soak, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_good_spec_is_valid_and_a_bad_one_names_every_field() {
+        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
+        spec.stages = Some(vec![
+            Stage::new(IntOrString::Int(1)),
+            Stage::new(IntOrString::String("100%".into())),
+        ]);
+        spec.gates = Some(Gates {
+            allocatable: vec![AllocatableGate::new("nvidia.com/gpu")],
+            ..Default::default()
+        });
+        assert_eq!(spec.validate(), vec![]);
+
+        spec.target_ref.name = "Bad_Name".into();
+        spec.stages.as_mut().unwrap()[1].nodes = IntOrString::String("0%".into());
+        spec.stages.as_mut().unwrap()[0].soak = "1 h".into();
+        spec.max_unavailable = IntOrString::Int(0);
+        spec.progress_deadline = "0m".into();
+        let gate = &mut spec.gates.as_mut().unwrap().allocatable[0];
+        gate.min = IntOrString::Int(5);
+        gate.max = IntOrString::Int(2);
+        let paths: Vec<String> = spec.validate().into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.targetRef.name",
+                "spec.stages[0].soak",
+                "spec.stages[1].nodes",
+                "spec.maxUnavailable",
+                "spec.progressDeadline",
+                "spec.gates.allocatable[0].min",
+            ]
+        );
     }
 }

@@ -4,6 +4,15 @@
 //! the operator as a second line of defence. The API server stays the
 //! authority; a test keeps the two in step on `tests/malformed/`.
 //!
+//! Each part of the spec checks itself through one trait, [`Validate`] (as
+//! each resource linkerd2's policy controller admits is one `Validate`
+//! impl): every gate in its own file beside its schema, the failure policy
+//! in `failure`, the spec's own fields in `spec`. All report into one
+//! collector, [`Errors`], each error at the field path the API server would
+//! name. This module is a leaf: the collector, the trait and the checks
+//! several parts share (DNS names, extended resources, durations, list
+//! sizes); it knows no part of the spec.
+//!
 //! One difference: a duration too large to represent is an error here, while
 //! the server's regex accepts it.
 
@@ -12,14 +21,9 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::consts::{BASELINE, CAPACITY_LABEL_PREFIX};
 use crate::duration::{DURATION_MAX_LENGTH, DurationString, parse_duration};
 use crate::intstr::parse_percent;
-use crate::schema::{
-    MAX_ALLOCATABLE, MAX_STAGES, MSG_MAX, MSG_MAX_UNAVAILABLE, MSG_MIN, MSG_MIN_ABOVE_MAX,
-    MSG_RESOURCE, MSG_STAGE_NODES, MSG_TARGET_NAME, duration_message, positive_message,
-};
-use crate::spec::{SafeRollout, SafeRolloutSpec};
+use crate::schema::{MSG_DRIVER, MSG_HEALTH_RESOURCE, duration_message, positive_message};
 
 /// One validation failure: the field path as the API server writes it
 /// (`spec.stages[0].nodes`) and a message.
@@ -35,150 +39,110 @@ impl fmt::Display for FieldError {
     }
 }
 
-struct Errors(Vec<FieldError>);
+/// The field errors found so far, in the order found: the one collector
+/// every [`Validate`] impl reports into.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Errors(Vec<FieldError>);
 
 impl Errors {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records an error on the field at `path` (`spec.gates.probe.image`).
+    pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(FieldError {
             path: path.into(),
             message: message.into(),
         });
     }
-}
 
-impl SafeRollout {
-    /// Validates the spec as the API server would; empty when valid.
-    pub fn validate(&self) -> Vec<FieldError> {
-        self.spec.validate()
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
-}
 
-impl SafeRolloutSpec {
-    /// Validates the spec as the API server would (paths start with `spec.`);
-    /// empty when valid.
-    pub fn validate(&self) -> Vec<FieldError> {
-        let mut e = Errors(Vec::new());
-        let name = &self.target_ref.name;
-        if name.len() > 253 {
-            e.push(
-                "spec.targetRef.name",
-                "Too long: may not be more than 253 bytes",
+    /// The errors, in the order found.
+    pub fn into_vec(self) -> Vec<FieldError> {
+        self.0
+    }
+
+    /// A duration field at `path`: its length, its grammar and, when
+    /// `positive`, that it is longer than zero. `field` names it in the
+    /// message as the schema's rule does (`gates.probe.delay`).
+    pub fn check_duration(
+        &mut self,
+        path: &str,
+        field: &str,
+        value: &DurationString,
+        positive: bool,
+    ) {
+        if let Some(message) = duration_error(field, value, positive) {
+            self.push(path, message);
+        }
+    }
+
+    /// A list of at most `max` items (the schema's `maxItems`).
+    pub fn check_max_items(&mut self, path: &str, len: usize, max: usize) {
+        if len > max {
+            self.push(
+                path,
+                format!("Too many: {len}: must have at most {max} items"),
             );
-        } else if !is_dns1123_subdomain(name) {
-            e.push("spec.targetRef.name", MSG_TARGET_NAME);
         }
+    }
 
-        if let Some(stages) = &self.stages {
-            if stages.is_empty() {
-                e.push("spec.stages", "should have at least 1 items");
-            }
-            if let Some(m) = too_many(stages.len(), MAX_STAGES as usize) {
-                e.push("spec.stages", m);
-            }
-            for (i, stage) in stages.iter().enumerate() {
-                if !is_count_or_percent(&stage.nodes) {
-                    e.push(format!("spec.stages[{i}].nodes"), MSG_STAGE_NODES);
-                }
-                duration(
-                    &mut e,
-                    &format!("spec.stages[{i}].soak"),
-                    "stages[].soak",
-                    &stage.soak,
-                    false,
-                );
-            }
+    /// A DRA driver name (the schema's `driver_name`): a DNS subdomain of
+    /// at most 63 characters.
+    pub fn check_driver(&mut self, path: &str, driver: &str) {
+        if driver.len() > 63 || !is_dns1123_subdomain(driver) {
+            self.push(path, format!("driver {MSG_DRIVER}"));
         }
+    }
 
-        if !is_count_or_percent(&self.max_unavailable) {
-            e.push("spec.maxUnavailable", MSG_MAX_UNAVAILABLE);
+    /// A device plugin's extended resource (the schema's `health_resource`).
+    pub fn check_extended_resource(&mut self, path: &str, resource: &str) {
+        if resource.len() > 317 || !is_extended_resource_name(resource) {
+            self.push(path, format!("resource {MSG_HEALTH_RESOURCE}"));
         }
-        duration(
-            &mut e,
-            "spec.progressDeadline",
-            "progressDeadline",
-            &self.progress_deadline,
-            true,
-        );
-
-        if let Some(gates) = &self.gates {
-            if let Some(timeout) = gates.pods_ready.as_ref().and_then(|p| p.timeout.as_ref()) {
-                duration(
-                    &mut e,
-                    "spec.gates.podsReady.timeout",
-                    "gates.podsReady.timeout",
-                    timeout,
-                    true,
-                );
-            }
-            if let Some(m) = too_many(gates.allocatable.len(), MAX_ALLOCATABLE as usize) {
-                e.push("spec.gates.allocatable", m);
-            }
-            let mut seen = BTreeSet::new();
-            for (i, gate) in gates.allocatable.iter().enumerate() {
-                let path = format!("spec.gates.allocatable[{i}]");
-                if !seen.insert(gate.resource.as_str()) {
-                    e.push(
-                        &path,
-                        format!("Duplicate value: resource {:?}", gate.resource),
-                    );
-                }
-                if gate.resource.len() > 317 {
-                    e.push(
-                        format!("{path}.resource"),
-                        "Too long: may not be more than 317 bytes",
-                    );
-                } else if !is_extended_resource_name(&gate.resource) {
-                    e.push(format!("{path}.resource"), MSG_RESOURCE);
-                }
-                if !is_bound(&gate.min, false) {
-                    e.push(format!("{path}.min"), MSG_MIN);
-                }
-                if !is_bound(&gate.max, true) {
-                    e.push(format!("{path}.max"), MSG_MAX);
-                }
-                if let (IntOrString::Int(min), IntOrString::Int(max)) = (&gate.min, &gate.max)
-                    && min > max
-                {
-                    e.push(format!("{path}.min"), MSG_MIN_ABOVE_MAX);
-                }
-                duration(
-                    &mut e,
-                    &format!("{path}.soak"),
-                    "gates.allocatable[].soak",
-                    &gate.soak,
-                    false,
-                );
-            }
-            crate::proof::validate(gates, &mut |path, message| e.push(path, message));
-        }
-        crate::devices::validate(self, &mut |path, message| e.push(path, message));
-        e.0
     }
 }
 
-/// [`duration`] for validators outside this module.
-/// The API server's complaint about a list longer than `max`, if it is.
-pub(crate) fn too_many(len: usize, max: usize) -> Option<String> {
-    (len > max).then(|| format!("Too many: {len}: must have at most {max} items"))
+/// A part of the spec that checks itself as the API server would check it.
+pub trait Validate {
+    /// Records in `errors` every field error of `self`, found at `path`
+    /// (`spec.gates.probe`, `spec.gates.allocatable[0]`): the errors of its
+    /// fields are at paths below it.
+    fn validate(&self, path: &str, errors: &mut Errors);
 }
 
-pub(crate) fn check_duration(
-    push: crate::proof::Push,
+/// An optional field is checked when set.
+impl<T: Validate> Validate for Option<T> {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if let Some(v) = self {
+            v.validate(path, errors);
+        }
+    }
+}
+
+/// A list-map field (`x-kubernetes-list-type: map`, keyed by `key_name`):
+/// at most `max` items, no key twice, and each item valid at `path[i]`.
+pub fn validate_list_map<T: Validate>(
+    errors: &mut Errors,
     path: &str,
-    field: &str,
-    value: &DurationString,
-    positive: bool,
+    items: &[T],
+    max: usize,
+    key_name: &str,
+    key: impl Fn(&T) -> &str,
 ) {
-    let mut e = Errors(Vec::new());
-    duration(&mut e, path, field, value, positive);
-    for f in e.0 {
-        push(f.path, f.message);
-    }
-}
-
-fn duration(e: &mut Errors, path: &str, field: &str, value: &DurationString, positive: bool) {
-    if let Some(message) = duration_error(field, value, positive) {
-        e.push(path, message);
+    errors.check_max_items(path, items.len(), max);
+    let mut seen = BTreeSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        let k = key(item);
+        if !seen.insert(k) {
+            errors.push(&at, format!("Duplicate value: {key_name} {k:?}"));
+        }
+        item.validate(&at, errors);
     }
 }
 
@@ -202,26 +166,12 @@ pub(crate) fn duration_error(
     }
 }
 
-/// `stages[].nodes` / `maxUnavailable`: an integer >= 1 or "1%".."100%".
-fn is_count_or_percent(v: &IntOrString) -> bool {
+/// A count or percentage (`stages[].nodes`, `maxUnavailable`,
+/// `gates.probe.sample`): an integer >= 1 or "1%".."100%".
+pub fn is_count_or_percent(v: &IntOrString) -> bool {
     match v {
         IntOrString::Int(n) => *n >= 1,
         IntOrString::String(s) => parse_percent(s).is_some(),
-    }
-}
-
-/// `min` (and `max` with `allow_label`): "baseline", an integer >= 0, or
-/// "capacityLabel:<key>" with a non-empty key of at most 317 characters.
-fn is_bound(v: &IntOrString, allow_label: bool) -> bool {
-    match v {
-        IntOrString::Int(n) => *n >= 0,
-        IntOrString::String(s) if s == BASELINE => true,
-        IntOrString::String(s) => {
-            allow_label
-                && s.starts_with(CAPACITY_LABEL_PREFIX)
-                && s.len() > CAPACITY_LABEL_PREFIX.len()
-                && s.len() <= 331
-        }
     }
 }
 
@@ -238,6 +188,11 @@ fn is_label(s: &str) -> bool {
 /// [`crate::schema::DNS1123_SUBDOMAIN_REGEX`].
 pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.split('.').all(is_label)
+}
+
+/// A DNS-1123 label: at most 63 characters, no dot.
+pub fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns1123_subdomain(s)
 }
 
 /// [`crate::schema::EXTENDED_RESOURCE_REGEX`] plus the rule's exclusions of
@@ -262,7 +217,6 @@ pub fn is_extended_resource_name(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{AllocatableGate, Gates, Stage};
 
     #[test]
     fn names() {
@@ -305,40 +259,5 @@ mod tests {
             "a.io/{}",
             "x".repeat(63)
         )));
-    }
-
-    #[test]
-    fn a_good_spec_is_valid_and_a_bad_one_names_every_field() {
-        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
-        spec.stages = Some(vec![
-            Stage::new(IntOrString::Int(1)),
-            Stage::new(IntOrString::String("100%".into())),
-        ]);
-        spec.gates = Some(Gates {
-            allocatable: vec![AllocatableGate::new("nvidia.com/gpu")],
-            ..Default::default()
-        });
-        assert_eq!(spec.validate(), vec![]);
-
-        spec.target_ref.name = "Bad_Name".into();
-        spec.stages.as_mut().unwrap()[1].nodes = IntOrString::String("0%".into());
-        spec.stages.as_mut().unwrap()[0].soak = "1 h".into();
-        spec.max_unavailable = IntOrString::Int(0);
-        spec.progress_deadline = "0m".into();
-        let gate = &mut spec.gates.as_mut().unwrap().allocatable[0];
-        gate.min = IntOrString::Int(5);
-        gate.max = IntOrString::Int(2);
-        let paths: Vec<String> = spec.validate().into_iter().map(|e| e.path).collect();
-        assert_eq!(
-            paths,
-            [
-                "spec.targetRef.name",
-                "spec.stages[0].soak",
-                "spec.stages[1].nodes",
-                "spec.maxUnavailable",
-                "spec.progressDeadline",
-                "spec.gates.allocatable[0].min",
-            ]
-        );
     }
 }

@@ -13,6 +13,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::schema;
 
+pub mod baseline;
+pub mod device_baseline;
+pub mod stopped;
+
+pub use baseline::ResourceCounts;
+pub use device_baseline::{MAX_RECORDED, NodeDevices};
+pub use stopped::{QuarantineRecord, QuarantinedPool, StoppedRollout};
+
 /// Observed state of a SafeRollout.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -106,7 +114,7 @@ pub struct SafeRolloutStatus {
     /// changes while the DaemonSet carries that revision; a retry of it (or
     /// deleting the SafeRollout) clears it and lifts the quarantine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<crate::devices::StoppedRollout>,
+    pub stopped: Option<StoppedRollout>,
 
     /// The last value of the retry annotation the operator acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,14 +264,6 @@ pub struct BlockedRevision {
     pub blocked_at: Time,
 }
 
-/// A node's count per extended resource (e.g. `nvidia.com/gpu: 8`), sorted by
-/// resource. A stage's baseline holds one per node: with a BTreeMap each was
-/// a tree node of eleven slots (368 bytes for one or two resources), 1.8 MB
-/// per copy of a 5,000-node stage's status, of which a pass holds several at
-/// once (the cached object, the one a watch event brings, the decision's, the
-/// write's). Written to status through [`crate::baseline`].
-pub type ResourceCounts = litemap::LiteMap<String, i64>;
-
 /// Progress of one stage.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -297,11 +297,11 @@ pub struct StageStatus {
         alias = "baseline",
         default,
         skip_serializing_if = "BTreeMap::is_empty",
-        with = "crate::baseline"
+        with = "baseline"
     )]
-    // In memory per node; on the wire groups (`crate::baseline`), read from
+    // In memory per node; on the wire groups (`baseline`), read from
     // those or from `baseline`, the map older operators wrote.
-    #[schemars(with = "Vec<crate::baseline::BaselineGroup>", transform = schema::atomic)]
+    #[schemars(with = "Vec<baseline::BaselineGroup>", transform = schema::atomic)]
     pub baseline: BTreeMap<String, ResourceCounts>,
     /// Nodes the stage took and then let go, with why: the node left the
     /// cluster, became NotReady or unschedulable for the agent, or no longer
@@ -323,15 +323,15 @@ pub struct StageStatus {
         alias = "deviceBaseline",
         default,
         skip_serializing_if = "BTreeMap::is_empty",
-        with = "crate::device_baseline"
+        with = "device_baseline"
     )]
-    // In memory per node; on the wire groups (`crate::device_baseline`), read
+    // In memory per node; on the wire groups (`device_baseline`), read
     // from those or from `deviceBaseline`, the map older operators wrote.
     #[schemars(
-        with = "Vec<crate::device_baseline::DeviceBaselineGroup>",
+        with = "Vec<device_baseline::DeviceBaselineGroup>",
         transform = schema::atomic
     )]
-    pub device_baseline: BTreeMap<String, crate::devices::NodeDevices>,
+    pub device_baseline: BTreeMap<String, NodeDevices>,
     /// Nodes of this stage whose claims probe passed (their probe is deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probed: Vec<String>,
@@ -339,7 +339,7 @@ pub struct StageStatus {
     /// themselves are deleted once judged).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::atomic)]
-    pub probes: Vec<crate::proof::ProbeRecord>,
+    pub probes: Vec<ProbeRecord>,
 }
 
 /// A node and a reason (skipped by a stage, stuck during a revert).
@@ -412,7 +412,42 @@ pub struct GateResult {
     pub since: Option<Time>,
     /// Gates that measure repeatedly (prometheus): the tally so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub measurements: Option<crate::proof::Measurements>,
+    pub measurements: Option<Measurements>,
+}
+
+/// The probe gate's record of one node (in `stages[].probes`): the verdict
+/// stays after the probe pod is deleted.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeRecord {
+    /// The node probed.
+    pub node: String,
+    /// The probe pod's name.
+    pub pod: String,
+    /// Pending (running), Passed or Failed.
+    #[serde(default)]
+    pub status: GateStatus,
+    /// CamelCase reason, e.g. Succeeded, Unschedulable, ExitCode, Timeout.
+    #[serde(default)]
+    pub reason: String,
+    /// What the probe showed: the scheduler's message, the exit code and
+    /// the last lines of its log (truncated, secrets masked).
+    #[serde(default)]
+    pub message: String,
+    /// When the probe was asked for (its timeout counts from here).
+    pub since: Time,
+}
+
+/// The measurements a prometheus gate took on a stage (in its GateResult).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Measurements {
+    pub passed: i32,
+    pub failed: i32,
+    pub inconclusive: i32,
+    /// When the last measurement was taken (the next is due an interval later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<Time>,
 }
 
 /// The template recorded as good before a rollout changed anything.

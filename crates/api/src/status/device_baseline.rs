@@ -26,7 +26,38 @@ use schemars::JsonSchema;
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::devices::NodeDevices;
+/// What a node had of the gated DRA driver before the stage touched it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDevices {
+    /// The pools the driver published for the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
+    /// Devices published in those pools.
+    #[serde(default)]
+    pub devices: i64,
+    /// Total of each shared counter (e.g. memory) over the pools.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, i64>,
+    /// Total of each device capacity (e.g. memory) over the devices.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, i64>,
+    /// Tainted devices, `<device>: <key>=<value>:<effect>`, sorted; at most
+    /// 64 (`taintsTotal` counts them all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
+    #[serde(default)]
+    pub taints_total: i64,
+    /// ResourceClaims allocated on the node and reserved for a pod,
+    /// `<namespace>/<name>`, sorted; at most 64 (`claimsTotal` counts them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<String>,
+    #[serde(default)]
+    pub claims_total: i64,
+}
+
+/// Most taints and claims recorded per node (the rest are counted).
+pub const MAX_RECORDED: usize = 64;
 
 /// Most claim names one status records across its stages' device
 /// baselines; beyond them, nodes' claims are counted only.
