@@ -26,6 +26,7 @@ use jiff::Timestamp;
 use regex::Regex;
 use saferollout_api::{GATE_LOGS, GateStatus, LogsGate, PatternSet, UnreadablePolicy};
 
+pub use super::proof::LogMatch;
 use super::proof::{LogRead, clean_line};
 use super::{Snapshot, Verdict, list_some, result};
 
@@ -204,16 +205,6 @@ pub struct Patterns {
     list: Vec<(String, String, Regex)>,
 }
 
-/// A fatal line found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogMatch {
-    /// The pattern as configured (built-in or the user's).
-    pub pattern: String,
-    /// `builtin:<Set>` or `spec.gates.logs.patterns[i]`.
-    pub origin: String,
-    /// The line, cleaned: truncated, secrets masked.
-    pub line: String,
-}
 
 impl Patterns {
     /// The gate's patterns: the built-in sets (all when not listed) and the

@@ -68,8 +68,8 @@ pub enum LogRead {
     /// size bound (or found the log rotated): the next read goes on at once
     /// (see [`super::log_reader`]).
     Behind { at: Timestamp },
-    /// A line matched (see [`super::logs::scan`]).
-    Matched(super::logs::LogMatch),
+    /// A line matched (see the logs gate's `scan`).
+    Matched(LogMatch),
     /// The last read failed; earlier reads (if any) were clean up to `clean_at`.
     Unreadable {
         error: String,
@@ -290,6 +290,17 @@ pub fn truncate(s: &str, max: usize) -> String {
     }
     let cut: String = s.chars().take(max.saturating_sub(3)).collect();
     format!("{cut}...")
+}
+
+/// A fatal line found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogMatch {
+    /// The pattern as configured (built-in or the user's).
+    pub pattern: String,
+    /// `builtin:<Set>` or `spec.gates.logs.patterns[i]`.
+    pub origin: String,
+    /// The line, cleaned: truncated, secrets masked.
+    pub line: String,
 }
 
 /// What a status may keep of a line: control characters out, secrets
