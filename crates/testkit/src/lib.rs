@@ -15,6 +15,8 @@
 //! the tokio runtime that made it and each `#[tokio::test]` has its own) and its
 //! own namespace ([`TestCluster::namespace`]).
 
+pub mod audit;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
