@@ -18,6 +18,8 @@ pub struct Request {
     pub verb: String,
     /// `resource` or `resource/subresource`.
     pub resource: String,
+    /// The request's URI (path and query).
+    pub uri: String,
     /// The object's namespace and name, when the request named them.
     pub namespace: Option<String>,
     pub name: Option<String>,
@@ -44,6 +46,15 @@ impl Request {
     /// The first value of the acting user's extra field `key`.
     pub fn extra(&self, key: &str) -> Option<&str> {
         self.user_extra.get(key)?.first().map(String::as_str)
+    }
+
+    /// The value of the query parameter `key`, as sent (percent-encoded).
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.uri
+            .split_once('?')?
+            .1
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
     }
 
     /// Answered with a 2xx code.
@@ -137,6 +148,7 @@ pub fn parse(text: &str) -> anyhow::Result<Vec<Request>> {
         out.push(Request {
             verb: l.verb,
             resource,
+            uri: l.request_uri,
             namespace,
             name,
             received: l.request_received_timestamp,
@@ -229,6 +241,10 @@ mod tests {
         assert_eq!(r.extra("test.saferollout.dev/replica"), Some("1"));
         assert_eq!(r.name.as_deref(), Some("n1"));
         assert_eq!(r.namespace, None);
+        assert_eq!(r.uri, "/api/v1/nodes/n1");
+        let watch = &parse(LOG).unwrap()[1];
+        assert_eq!(watch.param("watch"), Some("true"));
+        assert_eq!(watch.param("resourceVersion"), None);
         assert_eq!(
             r.request_object.as_ref().unwrap()["metadata"]["labels"]["a"],
             "b"
