@@ -964,6 +964,13 @@ async fn a_compaction_that_expires_every_watch_mid_rollout_lists_again_and_repea
 /// keeps their writes apart: the budget holds at every sampled event, no
 /// node's agent is replaced twice, and the rollout ends on the new revision
 /// with the resumed replica following.
+///
+/// Counted on the API server's side too: the audit log has every pod
+/// deletion of both replicas (both act as the same ServiceAccount; each
+/// replica's kubeconfig adds an impersonated extra field naming it), and
+/// their deletions together never take a node out while another node
+/// deleted before has no Ready new agent (the agent fixture's status write
+/// that made it Ready, in the same log), and take each node once.
 #[tokio::test]
 async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_beside_the_next()
 -> anyhow::Result<()> {
@@ -985,8 +992,9 @@ async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_bes
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let kubeconfig = proxy.kubeconfig_as(OPERATOR_SA, REPLICA_EXTRA, &i.to_string())?;
         replicas.push(Operator::start(
-            Identity::Impersonate(&proxy.kubeconfig, OPERATOR_SA),
+            Identity::Kubeconfig(&kubeconfig),
             &args,
             &format!("frozen-{i}-{}", env.ns.name),
         )?);
@@ -1009,6 +1017,7 @@ async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_bes
     let next = 1 - leader;
 
     let (samples, task) = sample_pods(&env.client, &env.ns.name, four_nodes());
+    let since = Timestamp::now();
     set_template_image(&env.client, &env.ns.name, "plugin", &env.resource, v2).await?;
     wait_status(&env.client, &env.ns.name, "plugin", ROLLOUT_TIMEOUT, |st| {
         st.current_stage == Some(1) && st.stages.len() == 2
@@ -1064,6 +1073,38 @@ async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_bes
     assert!(most <= 1, "maxUnavailable 1 broken: {when:?} at once");
     samples.assert_each_node_got_one(v2, 4);
 
+    let deletions = AuditedDeletions::read(&env.ns.name, since, &samples)?;
+    let ((out, which), margin) = deletions.most_out_at_once(&samples, v2);
+    let by_replica: BTreeMap<&str, usize> =
+        deletions
+            .per_node
+            .values()
+            .flatten()
+            .fold(BTreeMap::new(), |mut m, (_, replica)| {
+                *m.entry(replica.as_str()).or_default() += 1;
+                m
+            });
+    eprintln!(
+        "MEASURE frozen leader, audit log: deletions per node {:?} (leader was replica {leader}), by replica {by_replica:?}, refused {:?}; most nodes out at once {out} {which:?}; least time from a new agent's Ready to the next deletion {margin:?}",
+        deletions.per_node, deletions.refused
+    );
+    assert_eq!(deletions.per_node.len(), 4, "{deletions:?}");
+    assert!(
+        deletions.per_node.values().all(|d| d.len() == 1),
+        "an agent deleted twice: {deletions:?}"
+    );
+    assert!(
+        deletions.refused.is_empty() && deletions.unknown.is_empty(),
+        "{deletions:?}"
+    );
+    assert!(
+        by_replica.keys().all(|r| ["0", "1"].contains(r)),
+        "a deletion of no known replica: {by_replica:?}"
+    );
+    assert!(
+        out <= 1,
+        "maxUnavailable 1 broken by the deletions: {which:?} out at once"
+    );
     proxies[leader].remove_toxic("writes-delayed")?;
     Ok(())
 }
