@@ -955,6 +955,62 @@ async fn a_compaction_that_expires_every_watch_mid_rollout_lists_again_and_repea
     Ok(())
 }
 
+/// Every node label write refused (500) for 5 s as the rollout begins: a
+/// refused write is decided again by a later pass, after a pause, and the
+/// rollout goes on once writes pass again. Before, the refused write woke
+/// the next pass at once, which queued it again: the operator asked the API
+/// server in a loop, as fast as it answered.
+#[tokio::test]
+async fn refused_label_writes_are_asked_again_after_a_pause_not_in_a_loop() -> anyhow::Result<()> {
+    let env = setup("labelsrefused").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
+    let _op = operator(&env)?;
+    let mut spec = default_spec(&env.resource, v1);
+    spec["maxUnavailable"] = json!(1);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+
+    env.proxy.errors(1.0, &[500], &["patch"], &["nodes"])?;
+    set_template_image(&env.client, &env.ns.name, "plugin", &env.resource, v2).await?;
+    let refused = |env: &Env| -> anyhow::Result<u64> {
+        Ok(env
+            .proxy
+            .stats()?
+            .injected_by
+            .get("patch nodes")
+            .copied()
+            .unwrap_or_default())
+    };
+    poll("a label write refused", ROLLOUT_TIMEOUT, || {
+        Ok((refused(&env)? > 0).then_some(()))
+    })
+    .await?;
+    // The fault's length: what is measured is how often the operator asks
+    // while it lasts.
+    let window = Duration::from_secs(5);
+    tokio::time::sleep(window).await;
+    let asked = refused(&env)?;
+    env.proxy.clear()?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", ROLLOUT_TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded) && st.stable_revision != adopted.stable_revision
+    })
+    .await?;
+    wait_agents(&env.client, &env.ns.name, v2).await?;
+    eprintln!("MEASURE label writes refused in the first {window:?} of the fault: {asked}");
+    // A pause of 1 s before the pass that decides it again (other events
+    // wake passes too: 2 a second measured); the loop asked 360 a second.
+    assert!(
+        asked <= 5 * window.as_secs(),
+        "{asked} label writes in {window:?} of refusals: asked again in a loop"
+    );
+    assert!(
+        condition(&st, "Ready").is_some_and(|c| c.status == "True"),
+        "{st:#?}"
+    );
+    Ok(())
+}
+
 /// Two replicas, each reaching the API server through a proxy of its own,
 /// with the default lease (15 s, renewed 10 s before it expires: the fence's
 /// margin is 5 s). Mid-stage, every request of the leader is delayed 5 s on
