@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::{kubectl, parse_name_number_lines};
+use crate::{keep_cluster, kubectl, parse_name_number_lines};
 
 /// The processes and ports of a cluster `up` started.
 #[derive(Debug, Clone)]
@@ -139,17 +139,20 @@ impl StoppedApiServer {
             if kubectl(&self.plane.kubeconfig, &["get", "--raw", "/readyz"]).is_ok() {
                 return Ok(started.elapsed());
             }
-            if !alive(pid) {
-                bail!(
-                    "the kube-apiserver started again exited; see {}",
+            let failed = if !alive(pid) {
+                Some("exited")
+            } else if Instant::now() > deadline {
+                Some("was not ready in 120 s")
+            } else {
+                None
+            };
+            if let Some(failed) = failed {
+                let why = format!(
+                    "the kube-apiserver started again {failed}; see {}",
                     log_path.display()
                 );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the kube-apiserver started again was not ready in 120 s; see {}",
-                    log_path.display()
-                );
+                keep_cluster(&why);
+                bail!(why);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
