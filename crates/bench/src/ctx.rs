@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use jiff::Timestamp;
 use kube::Client;
 
-use crate::audit;
 use crate::cluster::{Cluster, OPERATOR_USER, Operator, by_label, reconcile_metrics};
 use crate::results::OperatorRun;
+use saferollout_testkit::audit;
 
 pub struct Ctx {
     pub cluster: Cluster,

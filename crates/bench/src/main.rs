@@ -4,7 +4,6 @@
 //! results.json, a Markdown report and PNG plots. Run it through `bench/run`,
 //! which builds the release binaries first.
 
-mod audit;
 mod cluster;
 mod ctx;
 mod k8s;

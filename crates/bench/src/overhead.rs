@@ -15,12 +15,12 @@ use saferollout_api::{Phase, SafeRollout};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::audit;
 use crate::cluster::OPERATOR_USER;
 use crate::ctx::{Ctx, secs};
 use crate::k8s;
 use crate::results::{RolloutRun, StageRequests};
 use crate::watch::{self, Obs};
+use saferollout_testkit::audit;
 
 pub const NS: &str = "bench";
 pub const DS: &str = "plugin";

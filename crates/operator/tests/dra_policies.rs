@@ -351,6 +351,11 @@ impl PodCreations {
         Ok(PodCreations { created, task })
     }
 
+    /// The agent pods created so far: (name, image).
+    fn created(&self) -> Vec<(String, String)> {
+        self.created.lock().unwrap().clone()
+    }
+
     /// No agent pod is created (no node's agent changes revision) for `window`.
     async fn no_agent_changes_for(self, window: Duration) -> anyhow::Result<()> {
         // Nothing to wait for: the assertion is that nothing happens.
@@ -533,5 +538,121 @@ async fn halt_stops_and_changes_nothing_more() -> anyhow::Result<()> {
         .await?
         .no_agent_changes_for(Duration::from_secs(60))
         .await?;
+    Ok(())
+}
+
+/// The operator ended right after it wrote a quarantine's DeviceTaintRule
+/// (debug-build hook `SAFEROLLOUT_DEBUG_CRASH_AFTER=devicetaintrule:1`:
+/// SIGABRT, no clean-up, the lease kept), before anything after that write.
+/// The next operator converges on the same quarantine: the Stalled
+/// condition, the one rule, the same object (not lifted and made anew), the
+/// canary left on the stopped release and no other agent touched. Deleting the
+/// SafeRollout then leaves no rule, no node taint and no label of it.
+#[tokio::test]
+async fn a_crash_right_after_a_device_taint_rule_write_converges_and_deletion_leaves_nothing()
+-> anyhow::Result<()> {
+    let mut env = setup("crash-rule").await?;
+    create_driver(&env, V1).await?;
+    create_rollout(&env, quarantine_spec(&env)).await?;
+    let hook = "devicetaintrule:1";
+    drop(std::mem::replace(
+        &mut env.op,
+        start_operator_with(
+            &env.ns.name,
+            &[("SAFEROLLOUT_DEBUG_CRASH_AFTER", hook)],
+            &format!("{}-crashing", env.ns.name),
+        )?,
+    ));
+    let creations = PodCreations::watch(&env).await?;
+    let broken = "registry.example/sim-dra-driver:v2.0.0-broken";
+    set_image(&env, broken).await?;
+    poll(
+        "the operator ending after its DeviceTaintRule write",
+        TIMEOUT,
+        || Ok((!env.op.is_running()).then_some(())),
+    )
+    .await?;
+    assert!(
+        env.op
+            .log_text()
+            .contains("ending the process after devicetaintrule write 1"),
+        "the operator ended for another reason than the hook: {}",
+        env.op.log.display()
+    );
+    let written = the_rule(&env).await?;
+
+    let port = free_loopback_port()?;
+    let args = support::operator_args(&env.ns.name, &format!("127.0.0.1:{port}"), 3);
+    drop(std::mem::replace(
+        &mut env.op,
+        Operator::start(
+            Identity::Impersonate(cluster().kubeconfig(), OPERATOR_SA),
+            &args,
+            &format!("{}-after", env.ns.name),
+        )?,
+    ));
+    let st = wait_status(&env, TIMEOUT, |st| {
+        support::condition(st, "Stalled").is_some_and(|c| c.reason == "Quarantined")
+    })
+    .await?;
+    let stopped = st.stopped.clone().unwrap();
+    assert_eq!(stopped.policy, OnFailure::Quarantine);
+    assert_eq!(stopped.nodes, [CANARY]);
+    // The status may be the crashed operator's: the rule is judged once the
+    // next one has made a pass (on caches synced before it leads), which
+    // would have written it again.
+    poll("a pass of the next operator", TIMEOUT, || {
+        let (_, text) = http_get(port, "/metrics")?;
+        Ok((counter(&text, "saferollout_reconciles_total") >= 1.0).then_some(()))
+    })
+    .await?;
+    let rule = the_rule(&env).await?;
+    assert_eq!(
+        rule.uid(),
+        written.uid(),
+        "the rule was lifted and made anew: {rule:#?}"
+    );
+    let created = creations.created();
+    assert_eq!(
+        created.len(),
+        1,
+        "one agent pod, the canary's stopped release: {created:?}"
+    );
+    assert_eq!(created[0].1, broken, "{created:?}");
+    eprintln!(
+        "MEASURE crash after the DeviceTaintRule write: converged on {:?}, rule {} kept",
+        stopped.quarantine,
+        rule.name_any()
+    );
+
+    delete_stopped_rollout(&env).await?;
+    wait_rules(&env, |rs| rs.is_empty()).await?;
+    let id = rollout_id(&env);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    for n in &nodes.items {
+        assert_ne!(
+            n.labels().get(ROLLOUT_LABEL),
+            Some(&id),
+            "node {} kept the rollout's label",
+            n.name_any()
+        );
+        let taints: Vec<&str> = n
+            .spec
+            .iter()
+            .flat_map(|s| s.taints.iter().flatten())
+            .map(|t| t.key.as_str())
+            .filter(|k| {
+                k.starts_with(saferollout_api::QUARANTINE_NODE_TAINT_PREFIX)
+                    || *k == saferollout_api::QUARANTINE_TAINT_KEY
+            })
+            .collect();
+        assert!(
+            taints.is_empty(),
+            "node {} kept a quarantine taint: {taints:?}",
+            n.name_any()
+        );
+    }
     Ok(())
 }

@@ -1181,3 +1181,162 @@ async fn a_crash_right_after_each_kind_of_write_repeats_and_skips_nothing() -> a
     }
     Ok(())
 }
+
+/// A node taint removed when dropped (a test that fails half-way must not
+/// leave a node no other test's agent can be scheduled on).
+struct NodeTaintGuard {
+    key: String,
+}
+
+impl Drop for NodeTaintGuard {
+    fn drop(&mut self) {
+        for n in four_nodes() {
+            let _ = cluster().kubectl(&["taint", "node", &n, &format!("{}-", self.key)]);
+        }
+    }
+}
+
+/// The nodes carrying a taint with `key`, and how many times each carries it.
+async fn tainted(env: &Env, key: &str) -> anyhow::Result<Vec<(String, usize)>> {
+    let nodes = Api::<Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    Ok(nodes
+        .items
+        .iter()
+        .map(|n| {
+            let count = n
+                .spec
+                .iter()
+                .flat_map(|s| s.taints.iter().flatten())
+                .filter(|t| t.key == key)
+                .count();
+            (n.name_any(), count)
+        })
+        .filter(|(_, count)| *count > 0)
+        .collect())
+}
+
+/// A device plugin's quarantine (`onFailure: Quarantine`; a `-broken`
+/// release failing the allocatable gate at the canary) takes the canary out
+/// of service with a node taint, its only write: the operator ended right
+/// after it (`SAFEROLLOUT_DEBUG_CRASH_AFTER=quarantine:1`). The next
+/// operator converges on the same quarantine: the Stalled condition, the
+/// taint once, on the canary, no other agent touched. Deleting the
+/// SafeRollout then leaves no taint and no label of it. (A DRA driver's
+/// quarantine, a DeviceTaintRule, is crashed after in dra_policies.rs.)
+#[tokio::test]
+async fn a_crash_right_after_a_quarantine_taint_write_converges_and_deletion_leaves_nothing()
+-> anyhow::Result<()> {
+    let env = setup("crash-taint").await?;
+    let c = cluster();
+    let (v1, broken) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-broken",
+    );
+    let start = |log: &str, hook: Option<&str>, metrics: &str| {
+        let args = support::operator_args(&env.ns.name, metrics, 3);
+        let vars: Vec<(&str, &str)> = hook
+            .map(|h| ("SAFEROLLOUT_DEBUG_CRASH_AFTER", h))
+            .into_iter()
+            .collect();
+        Operator::start_with_env(
+            Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
+            &args,
+            &vars,
+            &format!("{log}-{}", env.ns.name),
+        )
+    };
+    let id = format!("{}.plugin", env.ns.name);
+    let key = format!("{}{id}", saferollout_api::QUARANTINE_NODE_TAINT_PREFIX);
+    let _untaint = NodeTaintGuard { key: key.clone() };
+    support::create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["onFailure"] = json!("Quarantine");
+    let first = start("before", None, "127.0.0.1:0")?;
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    drop(first);
+
+    let (samples, sampler) = sample_pods(&env.client, &env.ns.name, four_nodes());
+    support::set_template_image(&env.client, &env.ns.name, "plugin", &env.resource, broken).await?;
+    let mut crashing = start("crash-taint", Some("quarantine:1"), "127.0.0.1:0")?;
+    support::poll(
+        "the operator ending after its quarantine taint write",
+        TIMEOUT,
+        || Ok((!crashing.is_running()).then_some(())),
+    )
+    .await?;
+    assert!(
+        crashing
+            .log_text()
+            .contains("ending the process after quarantine write 1"),
+        "the operator ended for another reason than the hook: {}",
+        crashing.log.display()
+    );
+    let written = tainted(&env, &key).await?;
+    assert_eq!(written.len(), 1, "one node tainted: {written:?}");
+
+    let port = free_loopback_port()?;
+    let _after = start("after-taint", None, &format!("127.0.0.1:{port}"))?;
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        condition(st, "Stalled").is_some_and(|c| c.reason == "Quarantined")
+    })
+    .await?;
+    let stopped = st.stopped.clone().expect("stopped");
+    assert_eq!(stopped.policy, saferollout_api::OnFailure::Quarantine);
+    assert_eq!(stopped.nodes, [written[0].0.clone()], "{st:#?}");
+    // The status may be the crashed operator's: the taint is judged once
+    // the next one has made a pass (on caches synced before it leads),
+    // which would have written it again.
+    support::poll("a pass of the next operator", TIMEOUT, || {
+        let passes: f64 = ["success", "requeue", "error"]
+            .iter()
+            .map(|r| {
+                counter(
+                    port,
+                    &format!("saferollout_reconciles_total{{result=\"{r}\"}}"),
+                )
+            })
+            .sum::<anyhow::Result<f64>>()?;
+        Ok((passes >= 1.0).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        tainted(&env, &key).await?,
+        written,
+        "the quarantine's taint changed"
+    );
+    sampler.abort();
+    {
+        let samples = samples.lock().unwrap();
+        assert_eq!(
+            samples.created.keys().cloned().collect::<Vec<_>>(),
+            [(written[0].0.clone(), broken.to_string())],
+            "only the canary got the release, once: {:?}",
+            samples.created
+        );
+        assert_eq!(samples.created.values().sum::<usize>(), 1);
+    }
+
+    let api: Api<SafeRollout> = Api::namespaced(env.client.clone(), &env.ns.name);
+    api.delete("plugin", &Default::default()).await?;
+    wait_for_object(&api, "plugin", TIMEOUT, |sr| sr.is_none()).await?;
+    assert_eq!(
+        tainted(&env, &key).await?,
+        [],
+        "a quarantine taint was left"
+    );
+    let nodes = Api::<Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    for n in &nodes.items {
+        assert_ne!(
+            n.labels().get(saferollout_api::ROLLOUT_LABEL),
+            Some(&id),
+            "node {} kept the rollout's label",
+            n.name_any()
+        );
+    }
+    Ok(())
+}

@@ -44,6 +44,7 @@ async fn a_healthy_release_completes_on_a_fleet_with_the_default_stages() -> any
         nodes,
         gpus_per_node: GPUS as usize,
         state_dir: state_dir.clone(),
+        audit_policy: None,
     })?;
     let _down = Down(cluster);
     let kubeconfig = _down.0.kubeconfig.clone();

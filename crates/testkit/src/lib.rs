@@ -15,6 +15,9 @@
 //! the tokio runtime that made it and each `#[tokio::test]` has its own) and its
 //! own namespace ([`TestCluster::namespace`]).
 
+pub mod audit;
+mod control_plane;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -28,6 +31,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Config, Resource};
 use serde::de::DeserializeOwned;
+
+pub use control_plane::{ControlPlane, Etcd, StoppedApiServer};
 
 /// The repository root, found at run time from the test's package directory
 /// (cargo sets `CARGO_MANIFEST_DIR` for test processes) or the working
@@ -57,7 +62,22 @@ static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
 
 /// The cluster for this test binary, started on first use.
 pub fn cluster() -> &'static TestCluster {
-    CLUSTER.get_or_init(|| TestCluster::start_or_reuse().expect("starting the test cluster"))
+    cluster_with(&Needs::default())
+}
+
+/// What a test binary needs of its cluster beyond what every test gets.
+#[derive(Debug, Clone, Default)]
+pub struct Needs {
+    /// The API server writes an audit log with this policy
+    /// (`up --audit-policy`; [`ControlPlane::audit_log`]).
+    pub audit_policy: Option<PathBuf>,
+}
+
+/// The cluster for this test binary, started on first use with `needs`; a
+/// reused cluster is checked for them (the first call decides: a binary
+/// with needs asks through this function only).
+pub fn cluster_with(needs: &Needs) -> &'static TestCluster {
+    CLUSTER.get_or_init(|| TestCluster::start_or_reuse(needs).expect("starting the test cluster"))
 }
 
 /// Options for [`ClusterProcess::start`].
@@ -66,6 +86,8 @@ pub struct ClusterOptions {
     pub nodes: usize,
     pub gpus_per_node: usize,
     pub state_dir: PathBuf,
+    /// `up --audit-policy`.
+    pub audit_policy: Option<PathBuf>,
 }
 
 /// A cluster started by `tests/cluster/up`, stopped by `tests/cluster/down`.
@@ -79,13 +101,17 @@ impl ClusterProcess {
     /// Runs `tests/cluster/up` and returns once the cluster is ready.
     pub fn start(opts: &ClusterOptions) -> anyhow::Result<Self> {
         let up = repo_root().join("tests/cluster/up");
-        let out = Command::new(&up)
-            .arg("--nodes")
+        let mut cmd = Command::new(&up);
+        cmd.arg("--nodes")
             .arg(opts.nodes.to_string())
             .arg("--gpus-per-node")
             .arg(opts.gpus_per_node.to_string())
             .arg("--state-dir")
-            .arg(&opts.state_dir)
+            .arg(&opts.state_dir);
+        if let Some(policy) = &opts.audit_policy {
+            cmd.arg("--audit-policy").arg(policy);
+        }
+        let out = cmd
             .stdin(Stdio::null())
             .stderr(Stdio::inherit())
             .output()
@@ -154,20 +180,29 @@ fn is_test_cluster_kubeconfig(path: &Path) -> bool {
 }
 
 impl TestCluster {
-    fn start_or_reuse() -> anyhow::Result<Self> {
-        if let Some(path) = std::env::var_os("SAFEROLLOUT_TEST_KUBECONFIG") {
-            return Ok(Self {
-                kubeconfig: path.into(),
-                state_dir: None,
+    fn start_or_reuse(needs: &Needs) -> anyhow::Result<Self> {
+        let reused = std::env::var_os("SAFEROLLOUT_TEST_KUBECONFIG")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("KUBECONFIG")
+                    .map(PathBuf::from)
+                    .filter(|p| is_test_cluster_kubeconfig(p))
             });
-        }
-        if let Some(path) = std::env::var_os("KUBECONFIG").map(PathBuf::from)
-            && is_test_cluster_kubeconfig(&path)
-        {
-            return Ok(Self {
-                kubeconfig: path,
+        if let Some(kubeconfig) = reused {
+            let c = Self {
+                kubeconfig,
                 state_dir: None,
-            });
+            };
+            if let Some(policy) = &needs.audit_policy {
+                let audited = c.control_plane().and_then(|cp| cp.audit_log());
+                anyhow::ensure!(
+                    matches!(audited, Ok(Some(_))),
+                    "this test binary reads the API server's audit log, and the cluster of {} keeps none ({audited:?}): start it with tests/cluster/up --audit-policy {}",
+                    c.kubeconfig.display(),
+                    policy.display()
+                );
+            }
+            return Ok(c);
         }
         let exe = std::env::current_exe()?;
         let name = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("test");
@@ -177,6 +212,7 @@ impl TestCluster {
             nodes: 4,
             gpus_per_node: 8,
             state_dir: state_dir.clone(),
+            audit_policy: needs.audit_policy.clone(),
         })?;
         spawn_reaper(&state_dir)?;
         keep_cluster_on_failure(&state_dir, &proc.kubeconfig);
@@ -193,6 +229,29 @@ impl TestCluster {
     /// Where `up` keeps the cluster's logs and state, when this process started it.
     pub fn state_dir(&self) -> Option<&Path> {
         self.state_dir.as_deref()
+    }
+
+    /// The cluster's processes and ports, from the state dir `up` wrote:
+    /// the one this process started, or a reused cluster's (`up` writes its
+    /// kubeconfig there).
+    pub fn control_plane(&self) -> anyhow::Result<ControlPlane> {
+        let dir = match &self.state_dir {
+            Some(d) => d.clone(),
+            None => self
+                .kubeconfig
+                .parent()
+                .context("the kubeconfig's directory")?
+                .to_path_buf(),
+        };
+        anyhow::ensure!(
+            dir.join("pids").is_file() && dir.join("ports").is_file(),
+            "{} is not a state dir of tests/cluster/up (no pids and ports files)",
+            dir.display()
+        );
+        Ok(ControlPlane {
+            dir,
+            kubeconfig: self.kubeconfig.clone(),
+        })
     }
 
     /// A client for the current tokio runtime.

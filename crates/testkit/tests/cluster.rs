@@ -373,6 +373,7 @@ fn up_then_down_leaves_no_process_and_no_port() -> anyhow::Result<()> {
         nodes: 1,
         gpus_per_node: 2,
         state_dir: state_dir.clone(),
+        audit_policy: None,
     })?;
     let pids = proc.pids()?;
     let ports = proc.ports()?;
@@ -396,6 +397,7 @@ fn up_then_down_leaves_no_process_and_no_port() -> anyhow::Result<()> {
         nodes: 1,
         gpus_per_node: 2,
         state_dir: state_dir.clone(),
+        audit_policy: None,
     })?;
     assert_eq!(again.pids()?, pids, "a second up must not restart anything");
 

@@ -194,7 +194,12 @@ pub async fn quarantine(
             )]));
             info!(rule = %r.name, node = %r.node, driver = %r.driver, pool = %r.pool, effect = %r.effect,
                 "quarantining a node's devices with a DeviceTaintRule");
-            tolerate(api.create(&post_params(), &obj).await)?;
+            let created = api.create(&post_params(), &obj).await;
+            let written = created.is_ok();
+            tolerate(created)?;
+            if written {
+                super::writes::crash_point("devicetaintrule");
+            }
         }
     }
     let nodes: Api<Node> = Api::all(ctx.client.clone());

@@ -47,6 +47,10 @@ use crate::leader::Fence;
 /// stretched from 5 s to 14 s. The cost is the writes' CPU, not their burst.
 const PARALLEL_WRITES: usize = 32;
 
+/// How long after a failed label write the pass that decides it again is
+/// woken.
+const FAILED_WRITES_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One queued action: this rollout's labels with `stage` on `nodes`, or
 /// (`None`) their removal.
 struct Job {
@@ -211,7 +215,18 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
     // their writes were recorded here (that pass still saw them queued and
     // waited), and a failed write is decided again only by a pass. No event
     // of the cluster may come to wake it.
-    shared
-        .triggers
-        .send(ObjectRef::new(&key.1).within(&key.0), Cause::LabelWrites);
+    let rollout = ObjectRef::new(&key.1).within(&key.0);
+    if failed == 0 {
+        shared.triggers.send(rollout, Cause::LabelWrites);
+        return;
+    }
+    // After a failed write, not at once: that pass queues it again, and an
+    // API server that refuses every write (down behind a proxy, or
+    // answering 5xx at once) was asked again as fast as it answered (1,803
+    // refused writes in 5 s; faults.rs). Other events still wake passes.
+    let triggers = shared.triggers.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(FAILED_WRITES_PAUSE).await;
+        triggers.send(rollout, Cause::LabelWrites);
+    });
 }

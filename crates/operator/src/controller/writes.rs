@@ -410,7 +410,9 @@ pub async fn perform(
 
 /// Test hook, in debug builds only: `SAFEROLLOUT_DEBUG_CRASH_AFTER=<kind>:<n>`
 /// ends the process right after its `n`th successful write of `kind`
-/// (`template`, `backup`, `label`, `deletion`, `quarantine`, `status`) with
+/// (`template`, `backup`, `label`, `deletion`, `status`; `devicetaintrule`,
+/// each quarantine rule created; `quarantine`, a quarantine's rules and
+/// node taints all written) with
 /// SIGABRT: no clean-up and the lease kept, as a SIGKILL would. The
 /// end-to-end tests use it to check that a crash after any kind of write
 /// repeats or skips nothing.

@@ -190,6 +190,27 @@ impl FaultProxy {
         Ok(proxy)
     }
 
+    /// A kubeconfig through the proxy that impersonates `user` with the
+    /// extra field `key: value`: two clients of the same user, each through
+    /// its own proxy, are told apart in the API server's audit log by it
+    /// (the extra grants nothing: RBAC binds the user).
+    pub fn kubeconfig_as(&self, user: &str, key: &str, value: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(format!("kubeconfig-{value}"));
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "saferollout-faults",
+                "cluster": {"server": format!("http://127.0.0.1:{}", self.port)}}],
+            "users": [{"name": "through-the-proxy",
+                "user": {"as": user, "as-user-extra": {key: [value]}}}],
+            "contexts": [{"name": "saferollout-faults",
+                "context": {"cluster": "saferollout-faults", "user": "through-the-proxy"}}],
+            "current-context": "saferollout-faults",
+        });
+        // JSON is YAML: kubeconfig readers take it as is.
+        std::fs::write(&path, config.to_string())?;
+        Ok(path)
+    }
+
     /// Delays everything the API server sends back by `ms` ± `jitter_ms`
     /// (uniform; each chunk of a watch too), replacing an earlier latency.
     pub fn set_latency(&self, ms: u64, jitter_ms: u64) -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -525,6 +525,20 @@ pub struct Samples {
     pub created: BTreeMap<(String, String), usize>,
     /// Agent pods deleted by UID.
     pub deleted: BTreeSet<String>,
+    /// Every agent pod seen bound to a node, by name.
+    pub pods: BTreeMap<String, SeenPod>,
+    /// Errors of the watch (each followed by a new watch or a list).
+    pub watch_errors: usize,
+    /// Lists after the first: the watch broke and could not resume (its
+    /// resource version expired, 410), so it listed again.
+    pub relists: usize,
+}
+
+/// An agent pod as the sampler saw it.
+#[derive(Debug, Clone)]
+pub struct SeenPod {
+    pub node: String,
+    pub image: String,
 }
 
 impl Samples {
@@ -556,7 +570,9 @@ impl Samples {
 }
 
 /// Samples the agent pods (`app=plugin`) of `ns` until the task is aborted;
-/// `nodes` are the nodes that should each run one.
+/// `nodes` are the nodes that should each run one. A watch that has to list
+/// again (its resource version expired) counts the pods first seen in that
+/// list as created, and samples nothing until the list is complete.
 pub fn sample_pods(
     client: &Client,
     ns: &str,
@@ -569,32 +585,44 @@ pub fn sample_pods(
         let mut live: BTreeMap<String, Pod> = BTreeMap::new();
         // Pods that existed before, or were already counted when first bound.
         let mut known: BTreeSet<String> = BTreeSet::new();
-        let mut initial = true;
+        // Between a list's start and its end `live` is partial: no samples.
+        let mut listing = true;
+        let mut listed_once = false;
         let mut stream = watcher(api, watcher::Config::default().labels("app=plugin"))
             .default_backoff()
             .boxed();
-        while let Ok(Some(ev)) = stream.try_next().await {
+        while let Some(ev) = stream.next().await {
+            // An error (the connection broke, the resource version expired):
+            // the watcher backs off and watches or lists again. Ending here
+            // would stop sampling in silence.
+            let Ok(ev) = ev else {
+                s.lock().unwrap().watch_errors += 1;
+                continue;
+            };
             let mut s = s.lock().unwrap();
             match ev {
-                watcher::Event::Init => live.clear(),
+                watcher::Event::Init => {
+                    live.clear();
+                    listing = true;
+                    if listed_once {
+                        s.relists += 1;
+                    }
+                }
                 watcher::Event::InitApply(p) => {
-                    known.insert(p.uid().unwrap_or_default());
+                    if !listed_once {
+                        known.insert(p.uid().unwrap_or_default());
+                    }
+                    // In a later list: made while the watch was down.
+                    seen(&mut s, &mut known, &p, listed_once);
                     live.insert(p.uid().unwrap_or_default(), p);
                 }
-                watcher::Event::InitDone => initial = false,
+                watcher::Event::InitDone => {
+                    listing = false;
+                    listed_once = true;
+                }
                 watcher::Event::Apply(p) => {
                     let uid = p.uid().unwrap_or_default();
-                    let node = p
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default();
-                    // Counted once, when first seen bound to its node.
-                    if !initial && !node.is_empty() && known.insert(uid.clone()) {
-                        *s.created
-                            .entry((node, image_of(&p).to_string()))
-                            .or_default() += 1;
-                    }
+                    seen(&mut s, &mut known, &p, true);
                     if p.metadata.deletion_timestamp.is_some() {
                         s.deleted.insert(uid.clone());
                     }
@@ -605,7 +633,7 @@ pub fn sample_pods(
                     live.remove(&p.uid().unwrap_or_default());
                 }
             }
-            if initial {
+            if listing {
                 continue;
             }
             let serving: BTreeSet<String> = live
@@ -619,6 +647,30 @@ pub fn sample_pods(
         }
     });
     (samples, task)
+}
+
+/// Records an agent pod seen by [`sample_pods`]; with `count`, a pod first
+/// seen bound to its node counts as created.
+fn seen(s: &mut Samples, known: &mut BTreeSet<String>, p: &Pod, count: bool) {
+    let uid = p.uid().unwrap_or_default();
+    let node = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    if node.is_empty() {
+        return;
+    }
+    // Counted once, when first seen bound to its node.
+    if count && known.insert(uid) {
+        *s.created
+            .entry((node.clone(), image_of(p).to_string()))
+            .or_default() += 1;
+    }
+    s.pods.entry(p.name_any()).or_insert_with(|| SeenPod {
+        node,
+        image: image_of(p).to_string(),
+    });
 }
 
 /// Prometheus (tests/tools/build-bins) on 127.0.0.1, stopped when dropped.

@@ -1,6 +1,9 @@
-//! The API server's audit log (bench/audit-policy.yaml logs only the
-//! operator's ServiceAccount): the operator's requests by verb and resource,
-//! counted on the server side.
+//! The API server's audit log (`tests/cluster/up --audit-policy`, JSON
+//! lines): each request with its verb, resource, object, the user it acted
+//! as, when it was received and answered, and its body where the policy's
+//! level keeps one. Read by the benchmarks (bench/audit-policy.yaml logs the
+//! operator's requests, counted by verb and resource) and by the fault tests
+//! (the operator's pod deletions and node writes, each replica's apart).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,15 +18,48 @@ pub struct Request {
     pub verb: String,
     /// `resource` or `resource/subresource`.
     pub resource: String,
+    /// The request's URI (path and query).
+    pub uri: String,
+    /// The object's namespace and name, when the request named them.
+    pub namespace: Option<String>,
+    pub name: Option<String>,
     pub received: Timestamp,
+    /// When the logged stage was reached: the answer's end, or for a watch
+    /// its start.
+    pub answered: Timestamp,
+    /// The user the request acted as: the impersonated user when there was
+    /// one, else the authenticated user.
     pub user: String,
+    /// That user's extra fields (`Impersonate-Extra-*` when impersonated).
+    pub user_extra: BTreeMap<String, Vec<String>>,
     pub code: Option<i32>,
+    /// The request's body, logged at level `Request` or `RequestResponse`.
+    pub request_object: Option<serde_json::Value>,
 }
 
 impl Request {
     /// `verb resource`, e.g. `patch saferollouts/status`.
     pub fn key(&self) -> String {
         format!("{} {}", self.verb, self.resource)
+    }
+
+    /// The first value of the acting user's extra field `key`.
+    pub fn extra(&self, key: &str) -> Option<&str> {
+        self.user_extra.get(key)?.first().map(String::as_str)
+    }
+
+    /// The value of the query parameter `key`, as sent (percent-encoded).
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.uri
+            .split_once('?')?
+            .1
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    }
+
+    /// Answered with a 2xx code.
+    pub fn succeeded(&self) -> bool {
+        self.code.is_some_and(|c| (200..300).contains(&c))
     }
 }
 
@@ -37,22 +73,34 @@ struct Line {
     #[serde(default, rename = "requestURI")]
     request_uri: String,
     request_received_timestamp: Timestamp,
+    stage_timestamp: Timestamp,
     user: User,
     #[serde(default)]
+    impersonated_user: Option<User>,
+    #[serde(default)]
     response_status: Option<ResponseStatus>,
+    #[serde(default)]
+    request_object: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ObjectRef {
     #[serde(default)]
     resource: String,
     #[serde(default)]
     subresource: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct User {
     username: String,
+    #[serde(default)]
+    extra: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -92,12 +140,23 @@ pub fn parse(text: &str) -> anyhow::Result<Vec<Request>> {
                 .unwrap_or_default()
                 .to_string(),
         };
+        let user = l.impersonated_user.unwrap_or(l.user);
+        let (namespace, name) = l
+            .object_ref
+            .map(|o| (o.namespace, o.name))
+            .unwrap_or_default();
         out.push(Request {
             verb: l.verb,
             resource,
+            uri: l.request_uri,
+            namespace,
+            name,
             received: l.request_received_timestamp,
-            user: l.user.username,
+            answered: l.stage_timestamp,
+            user: user.username,
+            user_extra: user.extra,
             code: l.response_status.and_then(|s| s.code),
+            request_object: l.request_object,
         });
     }
     Ok(out)
@@ -171,6 +230,39 @@ mod tests {
             "the only LIST came before"
         );
         assert_eq!(reqs[0].code, Some(200));
+    }
+
+    #[test]
+    fn an_impersonated_request_acts_as_the_impersonated_user_with_its_extra_and_body() {
+        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Request","auditID":"e","stage":"ResponseComplete","requestURI":"/api/v1/nodes/n1","verb":"patch","user":{"username":"kubernetes-admin","groups":["system:masters"]},"impersonatedUser":{"username":"system:serviceaccount:s:op","extra":{"test.saferollout.dev/replica":["1"]}},"objectRef":{"resource":"nodes","name":"n1","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestObject":{"metadata":{"labels":{"a":"b"}}},"requestReceivedTimestamp":"2026-12-01T10:00:00.1Z","stageTimestamp":"2026-12-01T10:00:00.3Z"}"#;
+        let reqs = parse(line).unwrap();
+        let r = &reqs[0];
+        assert_eq!(r.user, "system:serviceaccount:s:op");
+        assert_eq!(r.extra("test.saferollout.dev/replica"), Some("1"));
+        assert_eq!(r.name.as_deref(), Some("n1"));
+        assert_eq!(r.namespace, None);
+        assert_eq!(r.uri, "/api/v1/nodes/n1");
+        let watch = &parse(LOG).unwrap()[1];
+        assert_eq!(watch.param("watch"), Some("true"));
+        assert_eq!(watch.param("resourceVersion"), None);
+        assert_eq!(
+            r.request_object.as_ref().unwrap()["metadata"]["labels"]["a"],
+            "b"
+        );
+        assert!(r.succeeded());
+        assert_eq!(
+            r.answered.duration_since(r.received).as_millis(),
+            200,
+            "{r:?}"
+        );
+        // Not impersonated: the authenticated user, with no extra.
+        let first = &parse(LOG).unwrap()[0];
+        assert_eq!(
+            first.user,
+            "system:serviceaccount:saferollout-system:saferollout-operator"
+        );
+        assert!(first.user_extra.is_empty());
+        assert_eq!(first.name, None);
     }
 
     #[test]
