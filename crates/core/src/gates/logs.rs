@@ -205,7 +205,6 @@ pub struct Patterns {
     list: Vec<(String, String, Regex)>,
 }
 
-
 impl Patterns {
     /// The gate's patterns: the built-in sets (all when not listed) and the
     /// user's (case-sensitive as written; built-ins ignore case). A user
