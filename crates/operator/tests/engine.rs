@@ -1167,17 +1167,11 @@ async fn a_crash_right_after_each_kind_of_write_repeats_and_skips_nothing() -> a
         api.delete("plugin", &Default::default()).await?;
         wait_for_object(&api, "plugin", TIMEOUT, |sr| sr.is_none()).await?;
         let id = format!("{}.plugin", ns.name);
-        let nodes = Api::<Node>::all(env.client.clone())
-            .list(&Default::default())
-            .await?;
-        for n in &nodes.items {
-            assert_ne!(
-                n.labels().get(saferollout_api::ROLLOUT_LABEL),
-                Some(&id),
-                "node {} kept the rollout's label after a crash at {kind}",
-                n.name_any()
-            );
-        }
+        let kept = support::nodes_labelled(&env.client, &id).await?;
+        assert!(
+            kept.is_empty(),
+            "nodes {kept:?} kept the rollout's label after a crash at {kind}"
+        );
     }
     Ok(())
 }
@@ -1327,16 +1321,7 @@ async fn a_crash_right_after_a_quarantine_taint_write_converges_and_deletion_lea
         [],
         "a quarantine taint was left"
     );
-    let nodes = Api::<Node>::all(env.client.clone())
-        .list(&Default::default())
-        .await?;
-    for n in &nodes.items {
-        assert_ne!(
-            n.labels().get(saferollout_api::ROLLOUT_LABEL),
-            Some(&id),
-            "node {} kept the rollout's label",
-            n.name_any()
-        );
-    }
+    let kept = support::nodes_labelled(&env.client, &id).await?;
+    assert!(kept.is_empty(), "nodes {kept:?} kept the rollout's label");
     Ok(())
 }

@@ -93,6 +93,20 @@ struct AuditedDeletions {
 }
 
 impl AuditedDeletions {
+    /// On the API server's side: each of `nodes` nodes' old agent deleted
+    /// once, every deletion accepted, no other pod deleted.
+    fn assert_each_of_nodes_deleted_once(&self, nodes: usize) {
+        assert_eq!(self.per_node.len(), nodes, "{self:?}");
+        assert!(
+            self.per_node.values().all(|d| d.len() == 1),
+            "an agent deleted twice: {self:?}"
+        );
+        assert!(
+            self.refused.is_empty() && self.unknown.is_empty(),
+            "{self:?}"
+        );
+    }
+
     fn read(ns: &str, since: Timestamp, samples: &support::Samples) -> anyhow::Result<Self> {
         let mut out = AuditedDeletions::default();
         for r in audit_log(since)?
@@ -947,15 +961,7 @@ async fn a_compaction_that_expires_every_watch_mid_rollout_lists_again_and_repea
         samples.created
     );
     // On the server's side: each node's old agent deleted once, nothing else.
-    assert_eq!(deletions.per_node.len(), 4, "{deletions:?}");
-    assert!(
-        deletions.per_node.values().all(|d| d.len() == 1),
-        "an agent deleted twice: {deletions:?}"
-    );
-    assert!(
-        deletions.refused.is_empty() && deletions.unknown.is_empty(),
-        "{deletions:?}"
-    );
+    deletions.assert_each_of_nodes_deleted_once(4);
     assert!(
         out <= 1,
         "maxUnavailable 1 broken by the deletions: {which:?} out at once"
@@ -1160,15 +1166,7 @@ async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_bes
         "MEASURE frozen leader, audit log: deletions per node {:?} (leader was replica {leader}), by replica {by_replica:?}, refused {:?}; most nodes out at once {out} {which:?}; least time from a new agent's Ready to the next deletion {margin:?}",
         deletions.per_node, deletions.refused
     );
-    assert_eq!(deletions.per_node.len(), 4, "{deletions:?}");
-    assert!(
-        deletions.per_node.values().all(|d| d.len() == 1),
-        "an agent deleted twice: {deletions:?}"
-    );
-    assert!(
-        deletions.refused.is_empty() && deletions.unknown.is_empty(),
-        "{deletions:?}"
-    );
+    deletions.assert_each_of_nodes_deleted_once(4);
     assert!(
         by_replica.keys().all(|r| ["0", "1"].contains(r)),
         "a deletion of no known replica: {by_replica:?}"

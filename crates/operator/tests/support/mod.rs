@@ -802,3 +802,22 @@ pub async fn wait_events(
     .await?;
     Ok(seen.iter().map(|e| (**e).clone()).collect())
 }
+
+/// The nodes that still carry the rollout label value `id`.
+pub async fn nodes_labelled(client: &Client, id: &str) -> anyhow::Result<Vec<String>> {
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    Ok(nodes
+        .items
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(saferollout_api::ROLLOUT_LABEL))
+                .is_some_and(|v| v == id)
+        })
+        .map(|n| n.metadata.name.clone().unwrap_or_default())
+        .collect())
+}
