@@ -198,7 +198,7 @@ pub async fn quarantine(
             let written = created.is_ok();
             tolerate(created)?;
             if written {
-                super::writes::crash_point("devicetaintrule");
+                super::writing::crash_point("devicetaintrule");
             }
         }
     }

@@ -30,11 +30,11 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::caches::{Cause, Triggers};
-use super::{Memories, RolloutKey, with_memory, writes};
+use super::{Memories, RolloutKey, with_memory, writing};
 use crate::leader::Fence;
 
 /// Label patches in flight at once, per SafeRollout (all of them together
-/// keep to [`writes::API_WRITES_IN_FLIGHT`]).
+/// keep to [`writing::API_WRITES_IN_FLIGHT`]).
 ///
 /// A stage's labels slow the replacements that run meanwhile: each patch
 /// costs the cluster about 5 ms of CPU (the API server, and every node
@@ -71,7 +71,7 @@ pub struct Shared {
     pub fence: Arc<Fence>,
     pub memory: Memories,
     pub triggers: Arc<Triggers>,
-    pub write_slots: writes::WriteSlots,
+    pub write_slots: writing::WriteSlots,
 }
 
 /// Queues writing this rollout's labels (`stage`; `None`: removing them) on
@@ -144,7 +144,7 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
     }
     let api: Api<Node> = Api::all(shared.client.clone());
     let labels = Arc::new(labels);
-    let params = writes::patch_params();
+    let params = writing::patch_params();
     let fence = shared.fence.clone();
     let (memory, rollout) = (shared.memory.clone(), key.clone());
     let slots = shared.write_slots.clone();
@@ -192,7 +192,7 @@ async fn write(shared: &Shared, key: &RolloutKey, rollout_id: &str, job: Job) {
                 with_memory(&shared.memory, key, |m| {
                     m.expectations.label_written(&node, stage, now)
                 });
-                writes::crash_point("label");
+                writing::crash_point("label");
             }
             Err(e) => {
                 match e {

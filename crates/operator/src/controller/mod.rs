@@ -20,6 +20,7 @@ pub mod labels;
 pub mod proof;
 pub mod snapshot;
 pub mod writes;
+pub mod writing;
 
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
