@@ -26,6 +26,9 @@
 //!   healthy driver publishes them with the health taint
 //!   `gpu.sim.saferollout.dev/unhealthy=xid-79:NoSchedule`; a healthy plugin
 //!   leaves them out of allocatable.
+//! - Report delay: agent pod annotation `sim.saferollout.dev/report-delay`
+//!   (a duration): its devices are reported that much later than the whole
+//!   second after its Ready (see below), as a kubelet's 10 s status sync may.
 //! - Partitionable devices: driver pod annotation
 //!   `sim.saferollout.dev/partitions: "N"` (N >= 2): a counter set per GPU in
 //!   a counter slice, N partitions `gpu-<i>-part-<j>` per GPU (see
@@ -143,6 +146,13 @@ pub const PARTITIONS_ANNOTATION: &str = "sim.saferollout.dev/partitions";
 /// counts for (default 1), as Intel's `gpu.intel.com/millicores` advertises
 /// 1000 per GPU. The node then shows e.g. `8k` for 8 devices.
 pub const UNITS_ANNOTATION: &str = "sim.saferollout.dev/units-per-device";
+/// Agent pod annotation: how much later than usual (the whole second after
+/// its pod became Ready) its devices are reported, the node's status written
+/// with them or its slices published (a duration, e.g. `3s`). A kubelet syncs
+/// the node's status every 10 s (`nodeStatusUpdateFrequency`), so a real
+/// plugin's devices may show that long after its Ready; a gate must not
+/// judge the node on what it showed meanwhile.
+pub const REPORT_DELAY_ANNOTATION: &str = "sim.saferollout.dev/report-delay";
 /// Label that marks workload pods the sim plays the kubelet for (any value).
 pub const WORKLOAD_LABEL: &str = "sim.saferollout.dev/workload";
 /// Label on every ResourceSlice the sim publishes: the node it describes.

@@ -29,7 +29,8 @@ use super::workload::{
 use super::{AgentKind, Fault, ids};
 use crate::{
     AGENT_LABEL, DEFAULT_DRIVER, DEFAULT_RESOURCE, DEVICES_LABEL, DRIVER_ANNOTATION, FAULTY_LABEL,
-    FIELD_MANAGER, PARTITIONS_ANNOTATION, RESOURCE_ANNOTATION, UNITS_ANNOTATION,
+    FIELD_MANAGER, PARTITIONS_ANNOTATION, REPORT_DELAY_ANNOTATION, RESOURCE_ANNOTATION,
+    UNITS_ANNOTATION,
 };
 
 /// What the sim needs to know of a Node object.
@@ -245,6 +246,15 @@ pub struct NodeView<'a> {
     pub claims_known: bool,
 }
 
+/// When an agent pod became Ready and when its devices are reported (the
+/// node's status written with them, its slices published): in the whole
+/// second after its Ready, later by its `sim.saferollout.dev/report-delay`.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    ready: Timestamp,
+    at: Timestamp,
+}
+
 /// An agent pod the sim runs on the node.
 struct RunningAgent<'a> {
     pod: &'a Pod,
@@ -272,8 +282,9 @@ pub fn plan_node(
         .node
         .and_then(|n| n.internal_ip.clone())
         .unwrap_or_else(|| ids::fallback_host_ip(view.name));
-    // When each agent pod became Ready, as its status says (or is about to).
-    let mut ready_at: BTreeMap<&str, Timestamp> = BTreeMap::new();
+    // When each agent pod became Ready, as its status says (or is about to),
+    // and when its devices are reported.
+    let mut reports: BTreeMap<&str, Report> = BTreeMap::new();
     for agent in &agents {
         plan.wake_at(agent.moment.next_change);
         let started_at = started_at(agent.pod, memory).unwrap_or(now);
@@ -295,7 +306,14 @@ pub fn plan_node(
             .find(|c| c.type_ == "Ready" && c.status == "True")
             .and_then(|c| c.last_transition_time.as_ref());
         if let Some(t) = ready_since {
-            ready_at.insert(agent.uid, t.0);
+            let delay = annotation(agent.pod, REPORT_DELAY_ANNOTATION)
+                .and_then(|d| crate::cli::parse_duration(d).ok())
+                .unwrap_or_default();
+            let report = Report {
+                ready: t.0,
+                at: reported_after(add(t.0, delay)),
+            };
+            reports.insert(agent.uid, report);
         }
         if pod_status_differs(agent.pod.status.as_ref(), &status) {
             plan.pod_statuses.push(PodStatusUpdate {
@@ -318,11 +336,11 @@ pub fn plan_node(
         return plan;
     };
     let mut services =
-        plan_device_plugins(&mut plan, node, &agents, &ready_at, memory, now, timings);
+        plan_device_plugins(&mut plan, node, &agents, &reports, memory, now, timings);
     let dra_known = view.slices_known && view.claims_known;
     if dra_known {
         services.extend(plan_dra_drivers(
-            &mut plan, view, node, &agents, &ready_at, memory, now, timings,
+            &mut plan, view, node, &agents, &reports, memory, now, timings,
         ));
     }
     for agent in &agents {
@@ -486,7 +504,7 @@ fn plan_device_plugins(
     plan: &mut NodePlan,
     node: &NodeFacts,
     agents: &[RunningAgent<'_>],
-    ready_at: &BTreeMap<&str, Timestamp>,
+    reports: &BTreeMap<&str, Report>,
     memory: &mut NodeMemory,
     now: Timestamp,
     timings: &Timings,
@@ -549,18 +567,17 @@ fn plan_device_plugins(
         // The plugin's pod is Ready and the node's status not written since.
         let unreported = plugins
             .get(&resource)
-            .and_then(|agent| ready_at.get(agent.uid))
-            .filter(|ready| {
+            .and_then(|agent| reports.get(agent.uid))
+            .filter(|report| {
                 node.has_ready_condition
                     && node
                         .status_written
-                        .is_none_or(|w| w.as_second() <= ready.as_second())
+                        .is_none_or(|w| w.as_second() <= report.ready.as_second())
             });
         let mut held = false;
-        if let Some(ready) = unreported {
-            let at = reported_after(*ready);
-            if now < at {
-                plan.wake_at(Some(at));
+        if let Some(report) = unreported {
+            if now < report.at {
+                plan.wake_at(Some(report.at));
                 held = true;
             } else {
                 report_due = true;
@@ -590,7 +607,7 @@ fn plan_dra_drivers(
     view: NodeView<'_>,
     node: &NodeFacts,
     agents: &[RunningAgent<'_>],
-    ready_at: &BTreeMap<&str, Timestamp>,
+    reports: &BTreeMap<&str, Report>,
     memory: &mut NodeMemory,
     now: Timestamp,
     timings: &Timings,
@@ -657,7 +674,7 @@ fn plan_dra_drivers(
             uid: agent.uid,
             content: content.clone(),
             registered: agent.moment.offer.serving(),
-            ready_at: ready_at.get(agent.uid).copied(),
+            report_at: reports.get(agent.uid).map(|r| r.at),
         });
         let previous = memory.pools.remove(&driver);
         // The first slice carries the pool's publisher.

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use serde_json::Value;
 
 use super::agent::Timings;
-use super::time::{add, reported_after};
+use super::time::add;
 use crate::{SLICE_NODE_LABEL, SLICE_PUBLISHER_ANNOTATION};
 
 /// Device model attribute of every simulated device.
@@ -233,20 +233,19 @@ pub struct DriverPod<'a> {
     /// it publishes: the kubelet then keeps the pool's slices (it wipes
     /// them only once no driver is registered).
     pub registered: bool,
-    /// When its pod became Ready (`None`: it is not, or never will be).
-    pub ready_at: Option<Timestamp>,
+    /// When its first publication is written (`None`: it is not Ready, or
+    /// never will be, and publishes as it runs). The sim writes a new driver
+    /// pod's publication in the whole second after its pod became Ready
+    /// (later by its report delay), so that a gate can tell it from the old
+    /// driver's (API times keep whole seconds: written in the Ready's own
+    /// second, it could not be told from one written before it).
+    pub report_at: Option<Timestamp>,
 }
 
 impl DriverPod<'_> {
-    /// When this pod's first publication is written: a driver publishes
-    /// once it runs, and the sim writes a new driver pod's publication in
-    /// the whole second after its pod became Ready, so that a gate can tell
-    /// it from the old driver's (API times keep whole seconds: written in
-    /// the Ready's own second, it could not be told from one written before
-    /// it). `None` when it may publish now.
+    /// When this pod's first publication is due, if not yet.
     fn first_publication_at(&self, now: Timestamp) -> Option<Timestamp> {
-        let at = reported_after(self.ready_at?);
-        (now < at).then_some(at)
+        self.report_at.filter(|at| now < *at)
     }
 }
 
@@ -537,7 +536,7 @@ mod tests {
             uid,
             content: devices.map(PoolContent::plain),
             registered: devices.is_some(),
-            ready_at: None,
+            report_at: None,
         })
     }
 
@@ -551,7 +550,7 @@ mod tests {
                 uid: "b",
                 content: devices.map(PoolContent::plain),
                 registered: true,
-                ready_at: Some(ready),
+                report_at: Some(super::super::time::reported_after(ready)),
             })
         };
         // Until then the old driver's slices stay (the kubelet wipes none
@@ -568,7 +567,7 @@ mod tests {
             uid: "c",
             content: None,
             registered: true,
-            ready_at: Some(ts(20)),
+            report_at: Some(ts(21)),
         });
         let (pool, target, wake) = plan_pool(Some(pool), None, broken.clone(), ts(20), &timings);
         assert_eq!((target, wake), (SliceTarget::Keep, Some(ts(21))));

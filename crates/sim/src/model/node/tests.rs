@@ -1246,3 +1246,28 @@ fn every_status_write_carries_a_heartbeat() {
     assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
     assert_eq!(plan.status_heartbeat, Some(ts(11)));
 }
+
+#[test]
+fn a_report_delay_holds_the_plugins_devices_back_that_much_longer() {
+    // A broken plugin Ready at 10 s whose kubelet reports it 3 s later: the
+    // node shows the old plugin's devices, written before the Ready, until
+    // 14 s (the whole second after 10 s, plus 3 s).
+    let mut world = with_heartbeat(World::new(4, vec![plugin("p1", "plugin:v1", 0)]));
+    world.step(0);
+    world.step(1);
+    world.delete_pod("p1");
+    let mut late = plugin("p2", "plugin:v2-broken", 10);
+    late.metadata.annotations = Some(BTreeMap::from([(
+        REPORT_DELAY_ANNOTATION.into(),
+        "3s".into(),
+    )]));
+    world.pods.push(late);
+    let plan = world.step(10);
+    assert_eq!(plan.next_change, Some(ts(14)));
+    assert!(world.pod_ready("p2"));
+    world.step(13);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+    let plan = world.step(14);
+    assert_eq!(plan.status_heartbeat, Some(ts(14)));
+    assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
+}
