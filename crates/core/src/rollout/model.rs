@@ -1192,6 +1192,32 @@ impl Model {
                 }
             }
         }
+        // A baseline is taken only from a status written after the node's
+        // (stable) agent became Ready: right after a revert the node may
+        // still show what the reverted release left.
+        for s in &new.stages {
+            for n in s.baseline.keys() {
+                let recorded_before = old
+                    .stage(s.index)
+                    .is_some_and(|o| o.baseline.contains_key(n))
+                    && old.target_revision == new.target_revision;
+                if recorded_before {
+                    continue;
+                }
+                let ready_since = pods_c
+                    .pods
+                    .values()
+                    .filter(|p| &p.node == n && p.terminating.is_none())
+                    .filter_map(|p| p.ready_since)
+                    .max();
+                let written = nodes_c.nodes.get(n).map(|node| node.status_written);
+                if !crate::gates::freshness::written_after(written, ready_since) {
+                    self.violations.push(format!(
+                        "baseline of node {n} taken from its status written at {written:?}, not after its agent became Ready at {ready_since:?}"
+                    ));
+                }
+            }
+        }
         // No stage passes without judging every node it holds, on the target.
         let target = new.target_revision.clone().unwrap_or_default();
         for s in &new.stages {
