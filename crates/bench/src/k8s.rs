@@ -169,6 +169,19 @@ pub fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// When the pod's Ready condition turned True (`None` while not Ready).
+pub fn ready_since(p: &Pod) -> Option<jiff::Timestamp> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
 pub fn waiting_reason(p: &Pod) -> Option<&str> {
     p.status
         .as_ref()?

@@ -69,7 +69,7 @@ impl Fault {
                 "canary agent in CrashLoopBackOff (pod status write) -> podsReady fails at once"
             }
             Fault::Allocatable => {
-                "canary agent Ready but its node's allocatable drops to 0 (the later of the two writes) -> allocatable (soak 0s)"
+                "canary agent Ready, then its node's status written after the Ready shows allocatable 0 -> allocatable (soak 0s)"
             }
             Fault::DraSlices => {
                 "canary DRA driver Ready but its ResourceSlices withdrawn (the later of the two) -> resourceSlices gate"
@@ -83,6 +83,10 @@ impl Fault {
 struct View {
     pods: BTreeMap<String, Pod>,
     allocatable: Option<i64>,
+    /// When the canary's status was last written (its Ready condition's
+    /// heartbeat, which the kubelet, here the fixture, stamps on every
+    /// status write).
+    status_written: Option<Timestamp>,
     slices: BTreeMap<String, ()>,
     ds_image: Option<String>,
     rollout: Option<SafeRolloutStatus>,
@@ -110,6 +114,13 @@ impl View {
             }
             Obs::Node(Event::InitApply(n) | Event::Apply(n)) => {
                 self.allocatable = Some(k8s::allocatable(&n, RESOURCE).unwrap_or(0));
+                self.status_written = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                    .and_then(|c| c.last_heartbeat_time.as_ref())
+                    .map(|t| t.0);
                 return rv(&n);
             }
             Obs::Slice(Event::Init) => self.slices.clear(),
@@ -150,14 +161,33 @@ impl View {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
     }
 
-    /// The gate's failing condition holds for the agent running `bad`.
+    /// The agent running `bad` is Ready.
+    fn bad_ready(&self, bad: &str) -> bool {
+        self.live_pods()
+            .any(|p| k8s::image_of_pod(p) == Some(bad) && k8s::pod_ready(p))
+    }
+
+    /// The evidence that fails the gate is there for the agent running
+    /// `bad`. A gate judges a node only on what was written after its new
+    /// agent became Ready: for allocatable, the node's status written in a
+    /// later whole second than the pod's Ready (see
+    /// `saferollout_core::gates::freshness`); a withdrawal of slices has no
+    /// time and is judged as seen.
     fn fault_holds(&self, fault: Fault, bad: &str) -> bool {
         let mut new = self
             .live_pods()
             .filter(|p| k8s::image_of_pod(p) == Some(bad));
         match fault {
             Fault::CrashLoop => new.any(|p| k8s::waiting_reason(p) == Some("CrashLoopBackOff")),
-            Fault::Allocatable => new.any(k8s::pod_ready) && self.allocatable == Some(0),
+            Fault::Allocatable => {
+                self.allocatable == Some(0)
+                    && new.any(|p| {
+                        saferollout_core::gates::freshness::written_after(
+                            self.status_written,
+                            k8s::ready_since(p),
+                        )
+                    })
+            }
             Fault::DraSlices => new.any(k8s::pod_ready) && self.slices.is_empty(),
         }
     }
@@ -221,10 +251,12 @@ const DRA_NS: &str = "bench-dra";
 /// Every gate runs without soak, as the issue asks, so nothing is subtracted.
 /// (A soak could not be subtracted exactly anyway: the operator keeps a gate's
 /// `since` in status, whose times have whole seconds, so a 1 s soak ends 0-1 s
-/// after the violation began.) Without soak the allocatable gate may pass a
-/// broken plugin whose pod turns Ready a moment before its node's allocatable
-/// drops: such a trial is counted as a false pass at the canary (the failure
-/// is caught at the next stage) and left out of the reaction times.
+/// after the violation began.) Before the gates judged only evidence written
+/// after the new agent became Ready, the allocatable gate without soak could
+/// pass a broken plugin whose pod turned Ready a moment before its node's
+/// allocatable dropped; a trial whose canary stage passes is still counted as
+/// a false pass at the canary (the failure is caught at the next stage) and
+/// left out of the reaction times.
 const ALLOCATABLE_SOAK: &str = "0s";
 
 /// Runs `trials` trials of each fault in `faults` (interleaved, so a slow
@@ -406,12 +438,14 @@ async fn run_group(
             let trials = per_fault.remove(f.name()).unwrap_or_default();
             let revert: Vec<f64> = trials.iter().filter_map(|t| t.revert_ms).collect();
             let status: Vec<f64> = trials.iter().filter_map(|t| t.status_ms).collect();
+            let waits: Vec<f64> = trials.iter().filter_map(|t| t.evidence_wait_ms).collect();
             FaultResult {
                 fault: f.name().into(),
                 description: f.description().into(),
                 soak_secs: 0.0,
                 revert: stats::summarize(&revert),
                 status: stats::summarize(&status),
+                evidence_wait: stats::summarize(&waits),
                 trials,
                 skipped: None,
                 operator: Some(operator.clone()),
@@ -476,6 +510,7 @@ async fn run_trial(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let mut saw_bad = false;
     let mut fault_at: Option<(Timestamp, Option<String>)> = None;
+    let mut ready_at: Option<Timestamp> = None;
     let mut revert_at: Option<(Timestamp, Option<String>)> = None;
     let mut status_at: Option<Timestamp> = None;
     let mut false_pass = false;
@@ -489,6 +524,9 @@ async fn run_trial(
         let rv = view.apply(ev.obs);
         if is_ds && view.ds_image.as_deref() == Some(bad.as_str()) {
             saw_bad = true;
+        }
+        if ready_at.is_none() && view.bad_ready(&bad) {
+            ready_at = Some(ev.at);
         }
         if fault_at.is_none() && view.fault_holds(fault, &bad) {
             fault_at = Some((ev.at, rv.clone()));
@@ -517,6 +555,9 @@ async fn run_trial(
         index,
         revert_ms: (!false_pass).then(|| ms(fault_t, revert_t)),
         status_ms: status_at.filter(|_| !false_pass).map(|s| ms(fault_t, s)),
+        evidence_wait_ms: ready_at
+            .filter(|_| fault != Fault::CrashLoop)
+            .map(|r| ms(r, fault_t)),
         false_pass,
         fault_rv,
         revert_rv,

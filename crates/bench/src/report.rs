@@ -461,20 +461,23 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
          revert write (the DaemonSet's template restored) and of its status write (the revision blocked), \
          both delivered by the API server to the benchmark (stamped on arrival; the delivery delay is the \
          same for both). Every gate runs with soak 0s, so no soak is subtracted. One new faulty template \
-         per trial, faults interleaved. Without soak the allocatable gate can pass a broken plugin at the \
-         canary when the pod's Ready comes a moment before the node's allocatable drops (the failure is then \
-         caught at the next stage): such trials are counted as false passes and left out of the times.\n"
+         per trial, faults interleaved. A gate judges a node only on evidence written after its new agent \
+         became Ready (for allocatable, the node's status written in a later second than the pod's Ready), \
+         so the failing event is the first such evidence; \"evidence wait\" is the time from the new pod's \
+         Ready event to it. A trial whose canary stage passes the faulty release (the failure then caught at \
+         the next stage) is counted as a false pass and left out of the times (without that rule, a broken \
+         plugin passed whenever its pod turned Ready a moment before its node's allocatable dropped).\n"
     );
     let _ = writeln!(
         out,
-        "| nodes | fault | trials | revert p50 | p90 | p99 | max | status p50 | status p99 | false passes at the canary | failed trials |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| nodes | fault | trials | revert p50 | p90 | p99 | max | status p50 | status p99 | evidence wait p50 | p90 | false passes at the canary | failed trials |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for s in &r.sizes {
         for f in &s.reaction {
             if let Some(why) = &f.skipped {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | not measured: {why} |||||||",
+                    "| {} | {} | not measured: {why} |||||||||",
                     s.nodes, f.fault
                 );
                 continue;
@@ -483,7 +486,7 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
             let failed = f.trials.iter().filter(|t| t.error.is_some()).count();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {failed} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {failed} |",
                 s.nodes,
                 f.fault,
                 f.trials.len(),
@@ -493,6 +496,8 @@ pub fn markdown(r: &Results, pngs: &[(String, String)]) -> String {
                 opt(f.revert.map(|x| x.max), ms),
                 opt(f.status.map(|x| x.p50), ms),
                 opt(f.status.map(|x| x.p99), ms),
+                opt(f.evidence_wait.map(|x| x.p50), ms),
+                opt(f.evidence_wait.map(|x| x.p90), ms),
                 f.trials.iter().filter(|t| t.false_pass).count(),
             );
         }

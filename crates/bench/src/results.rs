@@ -137,6 +137,10 @@ pub struct FaultResult {
     pub revert: Option<Summary>,
     /// Failing event to the status write naming the revision blocked.
     pub status: Option<Summary>,
+    /// The canary's new pod Ready (its watch event) to the failing event:
+    /// how long the gate waited for evidence written after the Ready.
+    #[serde(default)]
+    pub evidence_wait: Option<Summary>,
     /// Why the fault was not measured.
     pub skipped: Option<String>,
     pub operator: Option<OperatorRun>,
@@ -151,6 +155,9 @@ pub struct Trial {
     pub false_pass: bool,
     pub revert_ms: Option<f64>,
     pub status_ms: Option<f64>,
+    /// The new pod's Ready event to the failing event.
+    #[serde(default)]
+    pub evidence_wait_ms: Option<f64>,
     /// Resource versions of the failing event and of the revert write.
     pub fault_rv: Option<String>,
     pub revert_rv: Option<String>,

@@ -365,8 +365,28 @@ pub(crate) mod test_objects {
 
     use super::*;
 
+    /// When the test slices were published: after the test pods became
+    /// Ready, so what they say is the new driver's.
+    fn published() -> serde_json::Value {
+        json!(crate::gates::test_support::ts(
+            crate::gates::test_support::STATUS_WRITTEN_AT
+        ))
+    }
+
+    /// `slice` as written (created or last changed) at `at` (test seconds).
+    pub fn written_at(mut slice: ResourceSlice, at: i64) -> ResourceSlice {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+        slice.metadata.creation_timestamp = Some(Time(crate::gates::test_support::ts(at)));
+        slice.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            time: Some(Time(crate::gates::test_support::ts(at))),
+            ..Default::default()
+        }]);
+        slice
+    }
+
     /// A slice of `driver` on `node`, pool `node`, with `devices`
-    /// (`(name, tainted)`), each with 80Gi of memory.
+    /// (`(name, tainted)`), each with 80Gi of memory, published after the
+    /// test pods became Ready.
     pub fn slice(
         node: &str,
         driver: &str,
@@ -385,7 +405,8 @@ pub(crate) mod test_objects {
             })
             .collect();
         serde_json::from_value(json!({
-            "metadata": {"name": format!("{node}-{driver}-{generation}-{}", devices.len())},
+            "metadata": {"name": format!("{node}-{driver}-{generation}-{}", devices.len()),
+                "creationTimestamp": published()},
             "spec": {"driver": driver, "nodeName": node,
                 "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
                 "devices": devices}
@@ -407,7 +428,8 @@ pub(crate) mod test_objects {
             .map(|(i, m)| json!({"name": format!("gpu-{i}"), "counters": {"memory": {"value": m}}}))
             .collect();
         serde_json::from_value(json!({
-            "metadata": {"name": format!("{node}-{driver}-counters")},
+            "metadata": {"name": format!("{node}-{driver}-counters"),
+                "creationTimestamp": published()},
             "spec": {"driver": driver, "nodeName": node,
                 "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
                 "sharedCounters": sets}

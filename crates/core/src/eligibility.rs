@@ -257,6 +257,7 @@ mod tests {
             labels,
             ready,
             not_ready_since: None,
+            status_written: None,
             taints,
             allocatable: alloc,
             ours: RolloutLabels::of(labels),

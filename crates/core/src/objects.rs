@@ -164,8 +164,8 @@ pub struct SlimPodStatus {
     pub container_statuses: Option<Vec<SlimContainerStatus>>,
 }
 
-/// A condition's type, status and when the status last changed (no
-/// messages, reasons or probe times).
+/// A condition's type, status, when the status last changed and (nodes)
+/// when it was last written (no messages, reasons or probe times).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SlimCondition {
@@ -174,9 +174,15 @@ pub struct SlimCondition {
     #[serde(default)]
     pub status: String,
     /// A node's Ready transition tells the budget whether the node went
-    /// NotReady before or after its agent was replaced.
+    /// NotReady before or after its agent was replaced; a pod's, since when
+    /// its agent is Ready (the gates judge only evidence written after it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
+    /// Nodes only: when the kubelet last wrote the node's status (it stamps
+    /// every status write with it), so a gate can tell a status written
+    /// after the new agent became Ready from one the old agent left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Time>,
 }
 
 /// A container's name, readiness, restarts and state (no image, IDs or

@@ -219,6 +219,7 @@ mod tests {
             labels: &labels,
             ready: true,
             not_ready_since: None,
+            status_written: None,
             taints: if tainted { &taints[..] } else { &[] },
             allocatable: &alloc,
             ours: RolloutLabels::of(&labels),

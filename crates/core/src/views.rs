@@ -29,6 +29,11 @@ pub struct AgentPod<'a> {
     pub revision: &'a str,
     pub running: bool,
     pub ready: bool,
+    /// When the pod's Ready condition last turned True (its
+    /// `lastTransitionTime`, written by the node's kubelet); `None` while it
+    /// is not Ready or does not say. The gates judge a node only on evidence
+    /// written after it ([`crate::gates::freshness`]).
+    pub ready_since: Option<Timestamp>,
     /// Being deleted (has a deletion timestamp), or deleted by the operator
     /// moments ago and not yet seen so in the cache.
     pub deleting: bool,
@@ -50,9 +55,11 @@ pub struct AgentPod<'a> {
 pub struct PodFacts {
     revision: Option<String>,
     running: bool,
-    ready: bool,
+    /// Which condition says Ready=True, if one does (its time is read from
+    /// the pod: an index keeps the facts as small as they were).
+    ready: Option<u16>,
     /// Which container waits (the first one that does).
-    waiting: Option<u32>,
+    waiting: Option<u16>,
     restarts: i32,
 }
 
@@ -62,6 +69,13 @@ impl PodFacts {
         let containers = status
             .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .position(|c| c.type_ == "Ready" && c.status == "True")
+            })
+            .and_then(|i| u16::try_from(i).ok());
         PodFacts {
             revision: pod
                 .metadata
@@ -70,13 +84,11 @@ impl PodFacts {
                 .and_then(|l| l.get(REVISION_HASH_LABEL))
                 .cloned(),
             running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
-            ready: status
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            ready,
             waiting: containers
                 .iter()
                 .position(|c| c.state.as_ref().is_some_and(|s| s.waiting.is_some()))
-                .map(|i| i as u32),
+                .and_then(|i| u16::try_from(i).ok()),
             restarts: containers
                 .iter()
                 .map(|c| c.restart_count)
@@ -92,7 +104,7 @@ impl<'a> AgentPod<'a> {
         let node = pod.spec.as_ref()?.node_name.as_deref()?;
         let facts = pod.facts.get(|| PodFacts::of(pod));
         let waiting = facts.waiting.and_then(|i| {
-            pod.status.as_ref()?.container_statuses.as_ref()?[i as usize]
+            pod.status.as_ref()?.container_statuses.as_ref()?[usize::from(i)]
                 .state
                 .as_ref()?
                 .waiting
@@ -105,7 +117,13 @@ impl<'a> AgentPod<'a> {
             node,
             revision: facts.revision.as_deref().unwrap_or_default(),
             running: facts.running,
-            ready: facts.ready,
+            ready: facts.ready.is_some(),
+            ready_since: facts.ready.and_then(|i| {
+                pod.status.as_ref()?.conditions.as_ref()?[usize::from(i)]
+                    .last_transition_time
+                    .as_ref()
+                    .map(|t| t.0)
+            }),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             waiting_reason: waiting.and_then(|w| w.reason.as_deref()),
             waiting_message: waiting.and_then(|w| w.message.as_deref()),
@@ -133,6 +151,11 @@ pub struct NodeView<'a> {
     pub ready: bool,
     /// When the Ready condition last changed, if it is not True (and says).
     pub not_ready_since: Option<Timestamp>,
+    /// When the kubelet last wrote the node's status: the Ready condition's
+    /// `lastHeartbeatTime`, which a kubelet sets on every status write (and
+    /// only then). A gate judges the status only when it was written after
+    /// the node's new agent became Ready ([`crate::gates::freshness`]).
+    pub status_written: Option<Timestamp>,
     pub taints: &'a [Taint],
     /// `status.allocatable`, as quantities.
     pub allocatable: &'a Quantities,
@@ -171,17 +194,21 @@ impl<'a> RolloutLabels<'a> {
 pub struct NodeFacts {
     ready: bool,
     not_ready_since: Option<Timestamp>,
+    /// Which condition is Ready (its heartbeat is read from the node).
+    ready_condition: Option<u16>,
     rollout: Option<String>,
     stage: Option<u32>,
 }
 
 impl NodeFacts {
     fn of(node: &SlimNode) -> Self {
-        let ready_condition = node
+        let conditions = node
             .status
             .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let index = conditions.iter().position(|c| c.type_ == "Ready");
+        let ready_condition = index.map(|i| &conditions[i]);
         let ready = ready_condition.is_some_and(|c| c.status == "True");
         let ours = RolloutLabels::of(node.metadata.labels.as_ref().unwrap_or(&NO_LABELS));
         NodeFacts {
@@ -190,6 +217,7 @@ impl NodeFacts {
                 .filter(|_| !ready)
                 .and_then(|c| c.last_transition_time.as_ref())
                 .map(|t| t.0),
+            ready_condition: index.and_then(|i| u16::try_from(i).ok()),
             rollout: ours.rollout.map(str::to_string),
             // A stage index fits (the CRD allows saferollout_api::schema::MAX_STAGES); a
             // larger label value is no stage of ours, as one that does not parse.
@@ -206,6 +234,12 @@ impl<'a> NodeView<'a> {
             labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             ready: facts.ready,
             not_ready_since: facts.not_ready_since,
+            status_written: facts.ready_condition.and_then(|i| {
+                node.status.as_ref()?.conditions.as_ref()?[usize::from(i)]
+                    .last_heartbeat_time
+                    .as_ref()
+                    .map(|t| t.0)
+            }),
             taints: node
                 .spec
                 .as_ref()
@@ -434,7 +468,7 @@ mod tests {
             "metadata": {"name": "p", "uid": "u1", "labels": {"controller-revision-hash": "abc"}},
             "spec": {"nodeName": "n1", "containers": []},
             "status": {"phase": "Running",
-                "conditions": [{"type": "Ready", "status": "True"}],
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-06T10:00:07Z"}],
                 "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true, "restartCount": 3,
                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}
         }))
@@ -445,8 +479,17 @@ mod tests {
             ("p", "u1", "n1", "abc")
         );
         assert!(v.running && v.ready && !v.deleting && v.is_available());
+        assert_eq!(v.ready_since, Some("2026-12-06T10:00:07Z".parse().unwrap()));
         assert_eq!(v.waiting_reason, Some("CrashLoopBackOff"));
         assert_eq!(v.restarts, 3);
+        // Not Ready: no time since which it is.
+        let starting: SlimPod = serde_json::from_value(json!({
+            "metadata": {"name": "p"}, "spec": {"nodeName": "n1"},
+            "status": {"conditions": [{"type": "Ready", "status": "False",
+                "lastTransitionTime": "2026-12-06T10:00:07Z"}]}
+        }))
+        .unwrap();
+        assert_eq!(AgentPod::of(&starting).unwrap().ready_since, None);
         let unscheduled: SlimPod =
             serde_json::from_value(json!({"metadata": {"name": "q"}})).unwrap();
         assert!(AgentPod::of(&unscheduled).is_none());
@@ -474,6 +517,7 @@ mod tests {
             labels: &labels,
             ready,
             not_ready_since: None,
+            status_written: None,
             taints: &[],
             allocatable: &NO_QUANTITIES,
             ours: RolloutLabels::default(),
@@ -501,12 +545,18 @@ mod tests {
             "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
             "status": {"allocatable": {"gpu.intel.com/millicores": "8k", "example.com/gpu": "8"},
-                       "conditions": [{"type": "Ready", "status": "False"}]}
+                       "conditions": [{"type": "Ready", "status": "False",
+                           "lastHeartbeatTime": "2026-12-06T10:00:09Z"}]}
         }))
         .unwrap();
         let v = NodeView::of(&node);
         assert_eq!(v.zone(), Some("a"));
         assert!(!v.ready);
+        assert_eq!(
+            v.status_written,
+            Some("2026-12-06T10:00:09Z".parse().unwrap()),
+            "the kubelet's last status write"
+        );
         assert_eq!(v.taints.len(), 1);
         assert_eq!(v.allocatable_count("gpu.intel.com/millicores"), 8000);
         assert_eq!(v.allocatable_count("example.com/gpu"), 8);

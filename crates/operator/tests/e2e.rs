@@ -148,6 +148,12 @@ struct Recorder {
     first_drop: Option<Instant>,
     /// First instant the DaemonSet's template went back to the good image.
     restored: Option<Instant>,
+    /// Any status seen with the first stage of a rollout (a target other
+    /// than the stable revision) Passed.
+    canary_passed: bool,
+    /// The first gate result seen waiting for a node's status written after
+    /// its new agent became Ready.
+    awaiting_status: Option<saferollout_api::GateResult>,
 }
 
 fn rv(meta: &kube::api::ObjectMeta) -> u64 {
@@ -242,6 +248,20 @@ fn record(
                     if let Some(st) = &sr.status {
                         let planned = st.stages.iter().map(|s| s.nodes.len()).sum();
                         r.planned.push((rv(&sr.metadata), planned));
+                        let rolling = st.target_revision.is_some()
+                            && st.target_revision != st.stable_revision;
+                        r.canary_passed |= rolling
+                            && st.stages.iter().any(|s| {
+                                s.index == 0 && s.state == saferollout_api::StageState::Passed
+                            });
+                        if r.awaiting_status.is_none() {
+                            r.awaiting_status = st
+                                .stages
+                                .iter()
+                                .flat_map(|s| &s.gates)
+                                .find(|g| g.reason == "AwaitingNodeStatus")
+                                .cloned();
+                        }
                     }
                 }
             }
@@ -584,6 +604,84 @@ async fn a_last_good_backup_planted_in_advance_is_refused_and_never_restored() -
     );
     assert!(images.contains(bad) && images.contains(v1), "{images:?}");
     // Nodes are shared with the next tests.
+    wait_unlabelled(&env).await?;
+    Ok(())
+}
+
+/// Evidence newer than the change (issue 35): a broken plugin whose node
+/// shows its lost devices only 3 s after its pod became Ready (a kubelet's
+/// node-status sync runs every 10 s), under an allocatable gate without
+/// soak. Judged on what the node showed at the Ready, the old plugin's 8
+/// GPUs, the canary passed and the next stage took every other node (the
+/// benchmark's false pass, made certain by the delay); judged only on the
+/// node's status written after the Ready, the canary fails and is the only
+/// node the release touched.
+#[tokio::test]
+async fn a_gate_without_soak_waits_for_the_status_written_after_the_ready() -> anyhow::Result<()> {
+    let env = setup("late-report").await?;
+    let (good, bad) = (
+        "registry.example/plugin:v1",
+        "registry.example/plugin:v2-broken",
+    );
+    create_plugin_daemonset(&env, good).await?;
+    let mut spec = default_spec(&env, good);
+    spec["stages"] = json!([{"nodes": 1}, {"nodes": "100%"}]);
+    spec["gates"]["allocatable"][0]["soak"] = json!("0s");
+    create_rollout(&env, spec).await?;
+    let before = wait_settled_healthy(&env, good).await?;
+    let (rec, task) = record(&env, bad, good);
+    let mut template = agent_template(&env, bad);
+    template["metadata"]["annotations"]["sim.saferollout.dev/report-delay"] = json!("3s");
+    srs(&env)
+        .patch(
+            "plugin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template}})),
+        )
+        .await?;
+    // Reverted, or (judged on the old plugin's devices) rolled everywhere.
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Degraded)
+            || (st.phase == Some(Phase::Succeeded) && st.stable_revision != before.stable_revision)
+    })
+    .await?;
+    assert!(
+        !rec.lock().unwrap().canary_passed,
+        "the canary passed the broken release: {st:#?}"
+    );
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == good && pod_ready(p))
+    })
+    .await?;
+    task.abort();
+    let rec = std::mem::take(&mut *rec.lock().unwrap());
+    // It said what it waited for meanwhile (the status keeps a pending
+    // gate's observation within a second; the wait is 3-4 s).
+    let awaiting = rec
+        .awaiting_status
+        .expect("a gate awaiting the node's status");
+    assert!(
+        awaiting
+            .message
+            .contains("status written after the new agent became Ready"),
+        "{}",
+        awaiting.message
+    );
+    let touched: BTreeSet<&String> = rec.pod_nodes.values().collect();
+    assert_eq!(
+        (rec.pods_created.len(), touched.len()),
+        (1, 1),
+        "only the canary got the broken release: {touched:?}"
+    );
+    let degraded = condition(&st, "Degraded").unwrap();
+    assert_eq!(degraded.reason, "AllocatableFailed");
+    assert_eq!(st.blocked_revisions[0].reason, "BelowMinimum");
+    let canary = touched.iter().next().unwrap().as_str();
+    assert!(
+        degraded.message.contains(canary) && degraded.message.contains("is 0, expected >= 8"),
+        "{}",
+        degraded.message
+    );
     wait_unlabelled(&env).await?;
     Ok(())
 }

@@ -26,6 +26,9 @@
 //!   healthy driver publishes them with the health taint
 //!   `gpu.sim.saferollout.dev/unhealthy=xid-79:NoSchedule`; a healthy plugin
 //!   leaves them out of allocatable.
+//! - Report delay: agent pod annotation `sim.saferollout.dev/report-delay`
+//!   (a duration): its devices are reported that much later than the whole
+//!   second after its Ready (see below), as a kubelet's 10 s status sync may.
 //! - Partitionable devices: driver pod annotation
 //!   `sim.saferollout.dev/partitions: "N"` (N >= 2): a counter set per GPU in
 //!   a counter slice, N partitions `gpu-<i>-part-<j>` per GPU (see
@@ -68,13 +71,24 @@
 //!   containers have completed (sidecars run). Ready also waits for the pod's
 //!   readiness gates, whose conditions the sim never writes. Deleting pods are
 //!   left to KWOK.
-//! - Node `status.capacity[resource]` / `status.allocatable[resource]` (JSON
-//!   merge patch of only those keys, field manager `saferollout-sim`), with
-//!   kubelet device-manager semantics: a registered plugin sets both to its
-//!   count; once no plugin runs, allocatable drops to 0 after `--status-delay`
-//!   and the resource disappears after `--endpoint-stop-grace`. Only nodes
-//!   where an agent pod runs or where the managed fields say the sim wrote the
-//!   resource are touched (the latter lets a restarted sim retire leftovers).
+//! - Node `status.capacity[resource]` / `status.allocatable[resource]`
+//!   (strategic merge patch of only those keys, field manager
+//!   `saferollout-sim`), with kubelet device-manager semantics: a registered
+//!   plugin sets both to its count; once no plugin runs, allocatable drops to
+//!   0 after `--status-delay` and the resource disappears after
+//!   `--endpoint-stop-grace`. Only nodes where an agent pod runs or where the
+//!   managed fields say the sim wrote the resource are touched (the latter
+//!   lets a restarted sim retire leftovers). As a kubelet does, every such
+//!   write stamps the Ready condition's `lastHeartbeatTime` (merged into the
+//!   condition by its type), and a plugin whose pod became Ready is reported
+//!   (its devices, or a heartbeat alone when they did not change) in the
+//!   whole second after its Ready, its devices held back until then: a
+//!   kubelet reports a registration at its next node-status sync, and API
+//!   times keep whole seconds, so only a later second tells a gate the
+//!   status is the new plugin's. KWOK does not refresh node heartbeats here
+//!   (`tests/cluster/kwok-stages.yaml`): a heartbeat stamped on a status the
+//!   sim has not brought up to date would claim the old plugin's devices as
+//!   fresh, which no kubelet's single status write does.
 //! - The ResourceSlices of one pool per node and driver (pool name = node
 //!   name): the first named `<node>-<driver with dots replaced by dashes>`,
 //!   more devices in `...-<k>`, counter sets in `...-counters-<k>`; labelled
@@ -82,8 +96,13 @@
 //!   `sim.saferollout.dev/publisher-pod-uid` with the driver pod whose
 //!   publication set the pool generation (so a restarted sim neither resets
 //!   nor needlessly bumps it). A `-flap` driver's off phase keeps the slice
-//!   with no devices; `-broken`, `-crashloop`, not-yet-ready `-slow` drivers
-//!   and absent drivers have no slice (deleted after `--status-delay`).
+//!   with no devices; `-broken` drivers withdraw their slices, and
+//!   `-crashloop`, not-yet-ready `-slow` drivers and absent drivers have none
+//!   (deleted `--status-delay` after the last registered driver went, as the
+//!   kubelet wipes a departed driver's slices). A new driver pod publishes
+//!   (or withdraws) in the whole second after its pod became Ready, the old
+//!   driver's slices kept until then (the kubelet wipes nothing while a
+//!   driver is registered), so its slices are written after its Ready.
 //!
 //! - Workload pod statuses (same write path as agents), with
 //!   `allocatedResourcesStatus`; see [`model::workload`].
@@ -127,6 +146,13 @@ pub const PARTITIONS_ANNOTATION: &str = "sim.saferollout.dev/partitions";
 /// counts for (default 1), as Intel's `gpu.intel.com/millicores` advertises
 /// 1000 per GPU. The node then shows e.g. `8k` for 8 devices.
 pub const UNITS_ANNOTATION: &str = "sim.saferollout.dev/units-per-device";
+/// Agent pod annotation: how much later than usual (the whole second after
+/// its pod became Ready) its devices are reported, the node's status written
+/// with them or its slices published (a duration, e.g. `3s`). A kubelet syncs
+/// the node's status every 10 s (`nodeStatusUpdateFrequency`), so a real
+/// plugin's devices may show that long after its Ready; a gate must not
+/// judge the node on what it showed meanwhile.
+pub const REPORT_DELAY_ANNOTATION: &str = "sim.saferollout.dev/report-delay";
 /// Label that marks workload pods the sim plays the kubelet for (any value).
 pub const WORKLOAD_LABEL: &str = "sim.saferollout.dev/workload";
 /// Label on every ResourceSlice the sim publishes: the node it describes.

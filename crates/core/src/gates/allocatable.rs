@@ -6,9 +6,11 @@
 //!
 //! Values are Kubernetes quantities (`8`, `8k`, `2Ki`), read as whole counts.
 //! A node is judged once its new agent pod is Ready (a dip during the restart
-//! is normal), and a verdict stands only once the observation has held for the
-//! gate's soak. Every Ready node is judged even while others still start, so a
-//! violation stops further replacements at once.
+//! is normal) and its kubelet wrote the node's status after that (see
+//! [`super::freshness`]: until then the node may show what the old plugin
+//! advertised), and a verdict stands only once the observation has held for
+//! the gate's soak. Every such node is judged even while others still start,
+//! so a violation stops further replacements at once.
 //!
 //! A node that joined the rollout on its own (a new node that got the new
 //! template from the DaemonSet controller) has no baseline: `min: baseline`
@@ -20,7 +22,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{AllocatableGate, Bound, GATE_ALLOCATABLE, GateResult, GateStatus, count_of};
 
-use super::{Snapshot, Verdict, list_some, result, soak};
+use super::{Snapshot, Verdict, freshness, list_some, result, soak};
+use crate::views::NodeView;
 
 pub fn gate_name(resource: &str) -> String {
     format!("{GATE_ALLOCATABLE}/{resource}")
@@ -50,74 +53,58 @@ struct Violation {
 enum Observation {
     /// No node out of bounds, but these nodes' new agent pods are not Ready yet.
     AwaitingPods(Vec<String>),
+    /// No node out of bounds, every new agent pod Ready, but these nodes'
+    /// status was not written since (it may be what the old agent left).
+    AwaitingStatus(Vec<String>),
     InBounds,
     /// The violation the gate reports (see [`observe`]), and every violating node.
     OutOfBounds(Violation, BTreeSet<String>),
 }
 
-/// What the gate sees on the rollout's nodes. Of several nodes out of
-/// bounds it reports the one it reported before while that one still is
-/// (same node, same reason), else the first by name: its soak runs from when
-/// it started, and other nodes going briefly out of bounds meanwhile (each
-/// replaced plugin's node until it registers again) neither restart it nor
-/// change the status.
+/// What the gate sees on the rollout's nodes, and the nodes whose status,
+/// not written since their new agent became Ready, shows them out of bounds
+/// (see [`observe`]). Of several nodes out of bounds it reports the one it
+/// reported before while that one still is (same node, same reason), else the
+/// first by name: its soak runs from when it started, and other nodes going
+/// briefly out of bounds meanwhile (each replaced plugin's node until it
+/// registers again) neither restart it nor change the status.
+///
+/// A node whose status was not written since its new agent became Ready is
+/// not judged, in or out of bounds: what it shows may be the old plugin's (a
+/// pass on it is the false pass [`super::freshness`] exists for; a failure
+/// would blame the release for its predecessor). Shown out of bounds it is
+/// still a node whose devices workloads cannot use now, so it holds a slot
+/// of the budget (the verdict's `violating`) until its status says more.
 fn observe(
     gate: &AllocatableGate,
     min: &Bound,
     max: &Bound,
     snap: &Snapshot,
     previous: Option<&GateResult>,
-) -> Observation {
-    let res = &gate.resource;
+) -> (Observation, BTreeSet<String>) {
     let mut awaiting = Vec::new();
+    let mut stale = Vec::new();
+    let mut unconfirmed = BTreeSet::new();
     let mut violations: Vec<Violation> = Vec::new();
     for &node in snap.nodes {
         let Some(view) = snap.node(node) else {
             continue;
         };
-        if !snap.target_pod(node).is_some_and(|p| p.running && p.ready) {
+        let Some(pod) = snap.target_pod(node).filter(|p| p.running && p.ready) else {
             awaiting.push(node.to_string());
             continue;
-        }
-        let observed = view.allocatable_count(res);
-        let recorded = snap.baseline(node).and_then(|b| b.get(res)).copied();
-        let label = |key: &str| view.label(key).and_then(count_of);
-        // A baseline of 0 means nothing was advertised before: no floor or ceiling from it.
-        let (floor, ceiling) = match recorded {
-            Some(b) => {
-                let b = Some(b).filter(|b| *b > 0);
-                (resolve(min, b, label), resolve(max, b, label))
-            }
-            None => {
-                // Joined on its own: no "before". At least one device.
-                let floor = match min {
-                    Bound::Baseline => Some(1),
-                    other => resolve(other, None, label),
-                };
-                (floor, resolve(max, None, label))
-            }
         };
-        if let Some(min) = floor
-            && observed < min
-        {
-            violations.push(Violation {
-                node: node.to_string(),
-                reason: "BelowMinimum",
-                observed,
-                expected: format!(">= {min}"),
-            });
-        } else if let Some(max) = ceiling
-            && observed > max
-        {
-            violations.push(Violation {
-                node: node.to_string(),
-                reason: "AboveMaximum",
-                observed,
-                expected: format!("<= {max}"),
-            });
+        let violation = out_of_bounds(gate, min, max, snap, node, view);
+        if !freshness::node_status_fresh(view, pod) {
+            if violation.is_some() {
+                unconfirmed.insert(node.to_string());
+            }
+            stale.push(node.to_string());
+            continue;
         }
+        violations.extend(violation);
     }
-    if !violations.is_empty() {
+    let observation = if !violations.is_empty() {
         let nodes = violations.iter().map(|v| v.node.clone()).collect();
         let reported = previous
             .and_then(|p| {
@@ -127,15 +114,68 @@ fn observe(
             })
             .unwrap_or(0);
         let first = violations.swap_remove(reported);
-        return Observation::OutOfBounds(first, nodes);
+        Observation::OutOfBounds(first, nodes)
+    } else if !awaiting.is_empty() {
+        Observation::AwaitingPods(awaiting)
+    } else if !stale.is_empty() {
+        Observation::AwaitingStatus(stale)
+    } else if snap.nodes.iter().all(|n| snap.node(n).is_none()) {
+        Observation::AwaitingPods(Vec::new())
+    } else {
+        Observation::InBounds
+    };
+    (observation, unconfirmed)
+}
+
+/// Whether `node`'s allocatable is out of the gate's bounds, and how.
+fn out_of_bounds(
+    gate: &AllocatableGate,
+    min: &Bound,
+    max: &Bound,
+    snap: &Snapshot,
+    node: &str,
+    view: &NodeView,
+) -> Option<Violation> {
+    let res = &gate.resource;
+    let observed = view.allocatable_count(res);
+    let recorded = snap.baseline(node).and_then(|b| b.get(res)).copied();
+    let label = |key: &str| view.label(key).and_then(count_of);
+    // A baseline of 0 means nothing was advertised before: no floor or ceiling from it.
+    let (floor, ceiling) = match recorded {
+        Some(b) => {
+            let b = Some(b).filter(|b| *b > 0);
+            (resolve(min, b, label), resolve(max, b, label))
+        }
+        None => {
+            // Joined on its own: no "before". At least one device.
+            let floor = match min {
+                Bound::Baseline => Some(1),
+                other => resolve(other, None, label),
+            };
+            (floor, resolve(max, None, label))
+        }
+    };
+    if let Some(min) = floor
+        && observed < min
+    {
+        return Some(Violation {
+            node: node.to_string(),
+            reason: "BelowMinimum",
+            observed,
+            expected: format!(">= {min}"),
+        });
     }
-    if !awaiting.is_empty() {
-        return Observation::AwaitingPods(awaiting);
+    if let Some(max) = ceiling
+        && observed > max
+    {
+        return Some(Violation {
+            node: node.to_string(),
+            reason: "AboveMaximum",
+            observed,
+            expected: format!("<= {max}"),
+        });
     }
-    if snap.nodes.iter().all(|n| snap.node(n).is_none()) {
-        return Observation::AwaitingPods(Vec::new());
-    }
-    Observation::InBounds
+    None
 }
 
 pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateResult>) -> Verdict {
@@ -161,7 +201,8 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
     let since_for =
         |reason: &str, node: Option<&str>| soak::since(previous, reason, node, snap.now);
     let deadline_passed = snap.deadline_passed();
-    match observe(gate, &min, &max, snap, previous) {
+    let (observation, unconfirmed) = observe(gate, &min, &max, snap, previous);
+    let mut verdict = match observation {
         Observation::AwaitingPods(nodes) => {
             let message = if nodes.is_empty() {
                 "no node of the rollout to judge yet".to_string()
@@ -175,6 +216,29 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
             // podsReady fails for those nodes at the deadline; this gate waits.
             let mut r = result(&name, GateStatus::Pending, "AwaitingPods", message);
             r.since = Some(Time(since_for("AwaitingPods", None)));
+            Verdict::new(r)
+        }
+        Observation::AwaitingStatus(nodes) => {
+            // Woken by the status write (a node's heartbeat wakes the
+            // SafeRollout that holds it); never a pass, and at the deadline
+            // a failure like any pending gate's.
+            let message = format!(
+                "waiting for the node's status written after the new agent became Ready before judging {} on {}",
+                gate.resource,
+                list_some(&nodes)
+            );
+            let (status, reason) = if deadline_passed {
+                (GateStatus::Failed, "NoFreshStatus")
+            } else {
+                (GateStatus::Pending, "AwaitingNodeStatus")
+            };
+            let mut r = result(&name, status, reason, message);
+            r.node = nodes.first().cloned();
+            r.since = Some(Time(if deadline_passed {
+                snap.now
+            } else {
+                since_for("AwaitingNodeStatus", None)
+            }));
             Verdict::new(r)
         }
         Observation::InBounds => {
@@ -261,7 +325,9 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
                 ..Verdict::new(r)
             }
         }
-    }
+    };
+    verdict.violating.extend(unconfirmed);
+    verdict
 }
 
 #[cfg(test)]
@@ -519,5 +585,80 @@ mod tests {
                 .status,
             GateStatus::Passed
         );
+    }
+
+    #[test]
+    fn a_status_not_written_since_the_new_agent_became_ready_is_not_judged() {
+        // The canary's plugin is Ready at 100.7 s; the node still shows what
+        // the old plugin advertised, written at 90 s. Soak 0: judged on that,
+        // a plugin that advertises nothing passed (the benchmark's false pass).
+        let mut w = World::healthy(1, 8);
+        w.pod("node-0").ready_since = Some(ts(100));
+        let written = |w: &mut World, at: i64, gpus: &str| {
+            w.set_alloc("node-0", gpus);
+            w.node_states.get_mut("node-0").unwrap().status_written = Some(ts(at));
+        };
+        let g = gate("baseline", "baseline", "0s");
+        written(&mut w, 90, "8");
+        let v = eval(&g, &w, None);
+        assert_eq!(
+            (v.result.status, v.result.reason.as_str()),
+            (GateStatus::Pending, "AwaitingNodeStatus"),
+            "{:?}",
+            v.result
+        );
+        assert!(
+            v.result
+                .message
+                .contains("status written after the new agent became Ready"),
+            "{}",
+            v.result.message
+        );
+        assert!(v.violating.is_empty(), "in bounds as shown: holds no slot");
+        // Written in the Ready's own second: it may have been computed before
+        // the Ready (the API keeps whole seconds), so it does not count.
+        written(&mut w, 100, "8");
+        assert_eq!(eval(&g, &w, None).result.reason, "AwaitingNodeStatus");
+        // The kubelet's next write: what the new plugin advertises.
+        written(&mut w, 101, "0");
+        let r = eval(&g, &w, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "BelowMinimum")
+        );
+        written(&mut w, 101, "8");
+        assert_eq!(eval(&g, &w, None).result.status, GateStatus::Passed);
+        // A stale status showing the node out of bounds (the old plugin gone,
+        // the new one not reported yet) fails nothing but holds a slot: the
+        // node's devices are not usable now.
+        written(&mut w, 95, "0");
+        let v = eval(&g, &w, None);
+        assert_eq!(v.result.status, GateStatus::Pending);
+        assert_eq!(v.violating.iter().collect::<Vec<_>>(), ["node-0"]);
+        // Never written since, until the progress deadline: that fails.
+        written(&mut w, 95, "8");
+        w.without_progress = Duration::from_secs(600);
+        let r = eval(&g, &w, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str(), r.node.as_deref()),
+            (GateStatus::Failed, "NoFreshStatus", Some("node-0"))
+        );
+    }
+
+    #[test]
+    fn a_soak_passes_only_on_fresh_status() {
+        // Whatever the soak: a status from before the Ready never passes.
+        let mut w = World::healthy(2, 8);
+        w.pod("node-1").ready_since = Some(ts(100));
+        w.node_states.get_mut("node-1").unwrap().status_written = Some(ts(50));
+        let g = gate("baseline", "baseline", "10s");
+        let mut prev = None;
+        for now in [100, 110, 200, 500] {
+            w.now = ts(now);
+            let r = eval(&g, &w, prev.as_ref()).result;
+            assert_eq!(r.reason, "AwaitingNodeStatus", "at {now}");
+            assert_eq!(r.node.as_deref(), Some("node-1"));
+            prev = Some(r);
+        }
     }
 }

@@ -7,7 +7,11 @@
 //!   those pods do not fail. A pod that fails (e.g. `NodePrepareResources
 //!   failed`), or a claim that loses its allocation under a running pod,
 //!   fails the gate at once. A claim its user deleted, or whose pod ended
-//!   well, is not the release's doing.
+//!   well, is not the release's doing. Losses are judged as seen, whenever
+//!   they come; the survival passes a node only once the new driver
+//!   published its pools after its pod became Ready (or publishes none;
+//!   [`super::freshness`]): claims and pods that look intact before the new
+//!   driver did anything say nothing of what it does to them.
 //! - Probe (optional): on each node of the rollout whose new driver pod is
 //!   Ready, a short-lived pod pinned to the node with a ResourceClaim (from a
 //!   DeviceClass or a claim template): the real scheduler must allocate the
@@ -27,6 +31,7 @@ use saferollout_api::{
     PROBE_REVISION_ANNOTATION,
 };
 
+use super::freshness::{self, Publication};
 use super::proof::clean_line;
 use super::{Snapshot, Verdict, elapsed, list_some, result};
 use crate::devices::{
@@ -290,7 +295,8 @@ pub fn evaluate(gate: &ClaimsGate, snap: &Snapshot, _previous: Option<&GateResul
         BTreeSet::new()
     };
     for &node in snap.nodes {
-        let agent_ready = snap.target_pod(node).is_some_and(|p| p.running && p.ready);
+        let agent = snap.target_pod(node).filter(|p| p.running && p.ready);
+        let agent_ready = agent.is_some();
         let needs_pods = snap
             .device_baseline
             .get(node)
@@ -306,6 +312,11 @@ pub fn evaluate(gate: &ClaimsGate, snap: &Snapshot, _previous: Option<&GateResul
                 .get(node)
                 .map_or(0, |b| b.claims_total as usize);
             lost.extend(lost_claims(gate, ev, snap, node, pods));
+        }
+        let ready_since = agent.and_then(|p| p.ready_since);
+        let slices = ev.node_slices(node, &gate.driver);
+        if freshness::publication(&slices, &gate.driver, ready_since) == Publication::Stale {
+            awaiting.push(node.to_string());
         }
         if !to_probe.contains(node) {
             continue;
@@ -376,7 +387,7 @@ pub fn evaluate(gate: &ClaimsGate, snap: &Snapshot, _previous: Option<&GateResul
             "no node of the rollout to judge yet".to_string()
         } else {
             format!(
-                "waiting for the new driver pod to be Ready and the workloads to be listed on {}",
+                "waiting for the new driver pod to be Ready, the workloads to be listed and its ResourceSlices published after that on {}",
                 list_some(&awaiting)
             )
         };
@@ -680,5 +691,45 @@ mod tests {
         done.probed = ["node-0".to_string(), "node-1".to_string()].into();
         let (v, _) = run(&[], &[], &done);
         assert_eq!(v.result.status, GateStatus::Passed, "{:?}", v.result);
+    }
+
+    #[test]
+    fn intact_claims_pass_only_once_the_new_driver_published_and_losses_fail_regardless() {
+        use crate::devices::test_objects::{slice, written_at};
+        let mut w = World::healthy(1, 8);
+        w.pod("node-0").ready_since = Some(ts(100));
+        with_claims(&mut w, "node-0", &["work/c1"]);
+        let c = claim("work", "c1", D, Some("node-0"), Some("p1"));
+        let running = claim_pod("work", "p1", "node-0", "c1", "Running");
+        let judge = |published_at: i64, pod: &Pod| {
+            let s = written_at(slice("node-0", D, 1, 1, &[("gpu-0", false)]), published_at);
+            let mut ev = DeviceEvidence {
+                namespace: "work",
+                ..Default::default()
+            };
+            ev.add_claims([&c]);
+            ev.add_slices([&s]);
+            ev.pods_observed.insert("node-0");
+            ev.pods.entry("node-0").or_default().push(pod);
+            w.with_devices(Some(&ev), |s| evaluate(&gate(false), s, None))
+                .result
+        };
+        // Intact, but the pool is still the old driver's: the new one has
+        // done nothing yet that could have broken them.
+        let r = judge(50, &running);
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Pending, "AwaitingPods"),
+            "{r:?}"
+        );
+        assert!(r.message.contains("published after that"), "{}", r.message);
+        assert_eq!(judge(101, &running).status, GateStatus::Passed);
+        // A failed claim pod fails at once, fresh publication or not.
+        let failed = claim_pod("work", "p1", "node-0", "c1", "Failed");
+        let r = judge(50, &failed);
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "ClaimPodFailed")
+        );
     }
 }

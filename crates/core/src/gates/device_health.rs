@@ -10,6 +10,15 @@
 //! stream is away, about 30 s across a restart); the gate passes once every
 //! node has been clear for the window. A node where no workload uses the
 //! devices is clear. Unhealthy is reported before Unknown, nodes in name order.
+//!
+//! A node counts as clear only once the new agent's own report is there
+//! ([`super::freshness`]): for a device plugin, the node's status written
+//! after its pod became Ready (the device manager's health of the plugin's
+//! devices is what the kubelet reports); for a DRA driver, its pools
+//! published after that (or none at all). The entries carry no time of
+//! their own, so the rest of the bound is the window: counted from when every
+//! node is clear, it must be at least the kubelet's health timeout for a
+//! Healthy the old driver reported to have turned Unknown within it.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,6 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{DeviceHealthGate, GATE_DEVICE_HEALTH, GateResult, GateStatus};
 
+use super::freshness::{self, Publication};
 use super::proof::clean_line;
 use super::{Snapshot, Verdict, list_some, result, soak};
 use crate::devices::{is_deleting, is_terminal};
@@ -114,8 +124,8 @@ fn observe(gate: &DeviceHealthGate, snap: &Snapshot) -> Observation {
     let mut first: Option<(String, BadDevice, usize)> = None;
     let (mut devices, mut pods) = (0, 0);
     for &node in snap.nodes {
-        let agent_ready = snap.target_pod(node).is_some_and(|p| p.running && p.ready);
-        let Some(node_pods) = ev.node_pods(node).filter(|_| agent_ready) else {
+        let agent = snap.target_pod(node).filter(|p| p.running && p.ready);
+        let Some((agent, node_pods)) = agent.zip(ev.node_pods(node)) else {
             awaiting.push(node.to_string());
             continue;
         };
@@ -130,6 +140,18 @@ fn observe(gate: &DeviceHealthGate, snap: &Snapshot) -> Observation {
             node_bad.extend(bad);
         }
         if node_bad.is_empty() {
+            // Clear, but only on what the new agent reported.
+            let fresh = match (&gate.driver, snap.node(node)) {
+                (Some(driver), _) => {
+                    let slices = ev.node_slices(node, driver);
+                    freshness::publication(&slices, driver, agent.ready_since) != Publication::Stale
+                }
+                (None, Some(view)) => freshness::node_status_fresh(view, agent),
+                (None, None) => false,
+            };
+            if !fresh {
+                awaiting.push(node.to_string());
+            }
             continue;
         }
         violating.insert(node.to_string());
@@ -192,7 +214,7 @@ pub fn evaluate(
                 "no node of the rollout to judge yet".to_string()
             } else {
                 format!(
-                    "waiting for the new agent pod to be Ready and the workloads to be listed on {}",
+                    "waiting for the new agent pod to be Ready, the workloads to be listed and the agent's report written after that on {}",
                     list_some(&nodes)
                 )
             };
@@ -445,5 +467,70 @@ mod tests {
         w.pod("node-0").ready = false;
         let r = eval(&dra("0s"), &w, &[], None).result;
         assert_eq!(r.reason, "AwaitingPods");
+    }
+
+    #[test]
+    fn clear_counts_only_on_the_new_agents_report() {
+        use crate::devices::test_objects::{slice, written_at};
+        let mut w = World::healthy(1, 8);
+        w.pod("node-0").ready_since = Some(ts(100));
+        let healthy = [health_pod(
+            "a",
+            "node-0",
+            &[("claim:gpu", "gpu.example.com/node-0/gpu-0", "Healthy")],
+        )];
+        // A DRA driver: its pools published after its Ready.
+        let judge_dra = |published_at: i64| {
+            let s = written_at(
+                slice("node-0", "gpu.example.com", 1, 1, &[("gpu-0", false)]),
+                published_at,
+            );
+            let mut ev = DeviceEvidence {
+                namespace: "work",
+                ..Default::default()
+            };
+            ev.add_slices([&s]);
+            ev.pods_observed.insert("node-0");
+            ev.pods.entry("node-0").or_default().push(&healthy[0]);
+            w.with_devices(Some(&ev), |s| evaluate(&dra("0s"), s, None))
+                .result
+        };
+        let r = judge_dra(50);
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Pending, "AwaitingPods"),
+            "the old driver's pool: {r:?}"
+        );
+        assert_eq!(judge_dra(101).status, GateStatus::Passed);
+        // A device plugin: the node's status written after its Ready.
+        let plugin = DeviceHealthGate {
+            handover: DurationString::new("0s"),
+            ..DeviceHealthGate::for_resource("example.com/gpu")
+        };
+        let pods = [health_pod(
+            "a",
+            "node-0",
+            &[("example.com/gpu", "gpu-0", "Healthy")],
+        )];
+        w.node_states.get_mut("node-0").unwrap().status_written = Some(ts(100));
+        let r = eval(&plugin, &w, &pods, None).result;
+        assert_eq!(r.status, GateStatus::Pending, "{r:?}");
+        w.node_states.get_mut("node-0").unwrap().status_written = Some(ts(101));
+        assert_eq!(
+            eval(&plugin, &w, &pods, None).result.status,
+            GateStatus::Passed
+        );
+        // What is not Healthy is judged as seen: it can only fail.
+        w.node_states.get_mut("node-0").unwrap().status_written = Some(ts(90));
+        let bad = [health_pod(
+            "a",
+            "node-0",
+            &[("example.com/gpu", "gpu-0", "Unhealthy")],
+        )];
+        let r = eval(&plugin, &w, &bad, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "Unhealthy")
+        );
     }
 }

@@ -8,8 +8,9 @@
 //!   Event) or, with `clearedTaints: Fail`, fails.
 //!
 //! Judged once the new driver pod is Ready and the node's pools are
-//! complete; decided once the observation held for `soak`. A node without a
-//! baseline needs at least one untainted device.
+//! complete and published after that ([`super::freshness`]: until then
+//! their taints may be the old driver's); decided once the observation held
+//! for `soak`. A node without a baseline needs at least one untainted device.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use saferollout_api::{
     ClearedTaints, DeviceTaintsGate, GATE_DEVICE_TAINTS, GateResult, GateStatus,
 };
 
+use super::freshness::{self, Publication};
 use super::{Snapshot, Verdict, list_some, result, soak};
 use crate::devices::{pool_state, taint_device};
 
@@ -51,11 +53,16 @@ fn observe(gate: &DeviceTaintsGate, snap: &Snapshot) -> Observation {
     let mut awaiting = Vec::new();
     let (mut new, mut cleared): (Vec<Finding>, Vec<Finding>) = (Vec::new(), Vec::new());
     for &node in snap.nodes {
-        if !snap.target_pod(node).is_some_and(|p| p.running && p.ready) {
+        let Some(pod) = snap.target_pod(node).filter(|p| p.running && p.ready) else {
+            awaiting.push(node.to_string());
+            continue;
+        };
+        let slices = ev.node_slices(node, driver);
+        if freshness::publication(&slices, driver, pod.ready_since) == Publication::Stale {
             awaiting.push(node.to_string());
             continue;
         }
-        let state = pool_state(&ev.node_slices(node, driver), driver);
+        let state = pool_state(&slices, driver);
         if state.incomplete.is_some() {
             // resourceSlices says what is wrong with the pool; no taints to read yet.
             awaiting.push(node.to_string());
@@ -167,7 +174,7 @@ pub fn evaluate(
                 "no node of the rollout to judge yet".to_string()
             } else {
                 format!(
-                    "waiting for the new driver pod to be Ready and its pools complete on {}",
+                    "waiting for the new driver pod to be Ready and its pools complete and published after that on {}",
                     list_some(&nodes)
                 )
             };
@@ -399,5 +406,33 @@ mod tests {
             (r.status, r.reason.as_str()),
             (GateStatus::Failed, "AllDevicesTainted")
         );
+    }
+
+    #[test]
+    fn taints_of_a_pool_not_published_since_the_new_driver_became_ready_are_not_judged() {
+        use crate::devices::test_objects::written_at;
+        let mut w = World::healthy(1, 8);
+        w.pod("node-0").ready_since = Some(ts(100));
+        let g = gate(ClearedTaints::Fail, "0s");
+        // The old driver had gpu-1 tainted; what is published now is still
+        // its pool (written at 50): the new driver may clear or add taints.
+        let before = written_at(pool(1, &[1]), 50);
+        let r = eval(&g, &mut w, Some(before.clone()), before.clone(), None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Pending, "AwaitingPods"),
+            "{r:?}"
+        );
+        assert!(r.message.contains("published after that"), "{}", r.message);
+        // The new driver's pool, published after its Ready: judged.
+        let laundered = written_at(pool(2, &[]), 101);
+        let r = eval(&g, &mut w, Some(before.clone()), laundered, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "TaintsCleared")
+        );
+        let same = written_at(pool(2, &[1]), 101);
+        let r = eval(&g, &mut w, Some(before), same, None).result;
+        assert_eq!(r.status, GateStatus::Passed, "{r:?}");
     }
 }

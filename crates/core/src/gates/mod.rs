@@ -11,13 +11,16 @@
 //! their observation has held for the whole soak: a plugin restart makes
 //! allocatable dip for a moment, and a flapping plugin must not pass on a lucky
 //! sample. A gate that has no node to judge never passes. When the progress
-//! deadline passes, every gate still pending fails.
+//! deadline passes, every gate still pending fails. A node is judged only on
+//! evidence written after its new agent became Ready ([`freshness`]): what
+//! the old agent left never passes a gate, whatever its soak.
 
 pub mod allocatable;
 pub mod claims;
 pub mod device_health;
 pub mod device_taints;
 pub mod evidence;
+pub mod freshness;
 pub mod log_reader;
 pub mod logs;
 pub mod pods_ready;
@@ -246,7 +249,15 @@ pub(crate) mod test_support {
         pub deleting: bool,
         pub waiting_reason: Option<String>,
         pub restarts: i32,
+        /// Since when it is Ready (its Ready condition's lastTransitionTime).
+        pub ready_since: Option<Timestamp>,
     }
+
+    /// When the test pods became Ready: before anything the tests write.
+    pub const READY_AT: i64 = 0;
+    /// When the test nodes' kubelets wrote their status: after the pods
+    /// became Ready, so what a test node shows is fresh evidence.
+    pub const STATUS_WRITTEN_AT: i64 = 1;
 
     pub fn ready_pod(node: &str, revision: &str) -> TestPod {
         TestPod {
@@ -258,6 +269,7 @@ pub(crate) mod test_support {
             deleting: false,
             waiting_reason: None,
             restarts: 0,
+            ready_since: Some(ts(READY_AT)),
         }
     }
 
@@ -266,6 +278,8 @@ pub(crate) mod test_support {
     pub struct TestNode {
         pub labels: BTreeMap<String, String>,
         pub allocatable: crate::objects::Quantities,
+        /// When its kubelet last wrote its status (`None`: never).
+        pub status_written: Option<Timestamp>,
     }
 
     /// Owns the data a [`Snapshot`] borrows.
@@ -307,12 +321,13 @@ pub(crate) mod test_support {
             w
         }
 
+        /// The node's kubelet writes `quantity` as the node's allocatable
+        /// (its status written at [`STATUS_WRITTEN_AT`]).
         pub fn set_alloc(&mut self, node: &str, quantity: &str) {
-            self.node_states
-                .entry(node.to_string())
-                .or_default()
-                .allocatable
+            let n = self.node_states.entry(node.to_string()).or_default();
+            n.allocatable
                 .insert("example.com/gpu".into(), Quantity(quantity.into()));
+            n.status_written.get_or_insert(ts(STATUS_WRITTEN_AT));
         }
 
         pub fn pod(&mut self, node: &str) -> &mut TestPod {
@@ -364,6 +379,7 @@ pub(crate) mod test_support {
                             waiting_reason: p.waiting_reason.as_deref(),
                             waiting_message: None,
                             restarts: p.restarts,
+                            ready_since: p.ready_since.filter(|_| p.ready),
                             created: None,
                             deleted: None,
                         })
@@ -382,6 +398,7 @@ pub(crate) mod test_support {
                             labels: &n.labels,
                             ready: true,
                             not_ready_since: None,
+                            status_written: n.status_written,
                             taints: &[],
                             allocatable: &n.allocatable,
                             ours: RolloutLabels::of(&n.labels),

@@ -7,6 +7,11 @@
 //! against the node's baseline (so a release that publishes the right
 //! number of devices with twice their memory is caught by its counters).
 //!
+//! A node's pools are judged only once published after the new driver pod
+//! became Ready (some slice of each pool's newest generation written since;
+//! see [`super::freshness`]): until then they may be what the old driver
+//! published. A node with no slice of the driver at all is judged as seen.
+//!
 //! Decided like allocatable: an observation stands once it held for `soak`
 //! (a driver restart withdraws and republishes), fails at the progress
 //! deadline if it never settles, and every violation stops further
@@ -20,6 +25,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use saferollout_api::{Bound, GATE_RESOURCE_SLICES, GateResult, GateStatus, ResourceSlicesGate};
 
+use super::freshness::{self, Publication};
 use super::{Snapshot, Verdict, list_some, result, soak};
 use crate::devices::{format_amount, pool_state};
 
@@ -40,26 +46,45 @@ enum Observation {
     Unavailable(String),
     /// Nothing out of bounds, but these nodes are not judged yet.
     Awaiting(Vec<String>),
+    /// Nothing out of bounds, every new driver pod Ready, but these nodes'
+    /// pools were not published since.
+    AwaitingPublication(Vec<String>),
     InBounds,
     OutOfBounds(Violation, BTreeSet<String>),
 }
 
-fn observe(gate: &ResourceSlicesGate, min: &Bound, max: &Bound, snap: &Snapshot) -> Observation {
+/// What the gate sees, and the nodes whose pools, not published since their
+/// new driver pod became Ready, show them out of bounds: not judged (what
+/// they show may be the old driver's), but holding a slot of the budget (the
+/// verdict's `violating`) as a node whose devices are not usable now does.
+fn observe(
+    gate: &ResourceSlicesGate,
+    min: &Bound,
+    max: &Bound,
+    snap: &Snapshot,
+) -> (Observation, BTreeSet<String>) {
     let Some(ev) = snap.evidence.devices else {
-        return Observation::Unavailable("the operator observes no ResourceSlices".into());
+        let why = "the operator observes no ResourceSlices".to_string();
+        return (Observation::Unavailable(why), BTreeSet::new());
     };
     if let Some(why) = ev.unavailable {
-        return Observation::Unavailable(why.to_string());
+        return (Observation::Unavailable(why.to_string()), BTreeSet::new());
     }
     let driver = gate.driver.as_str();
     let mut awaiting = Vec::new();
+    let mut stale = Vec::new();
     let mut violations = Vec::new();
     for &node in snap.nodes {
-        if !snap.target_pod(node).is_some_and(|p| p.running && p.ready) {
+        let Some(pod) = snap.target_pod(node).filter(|p| p.running && p.ready) else {
             awaiting.push(node.to_string());
             continue;
+        };
+        let slices = ev.node_slices(node, driver);
+        // Judged below as any node, then set aside (see after the loop).
+        if freshness::publication(&slices, driver, pod.ready_since) == Publication::Stale {
+            stale.push(node.to_string());
         }
-        let state = pool_state(&ev.node_slices(node, driver), driver);
+        let state = pool_state(&slices, driver);
         let base = snap.device_baseline.get(node);
         let bound = |b: &Bound, floor: bool| -> Option<i64> {
             match (b, base) {
@@ -188,14 +213,21 @@ fn observe(gate: &ResourceSlicesGate, min: &Bound, max: &Bound, snap: &Snapshot)
             }
         }
     }
-    if !violations.is_empty() {
+    let (unconfirmed, mut violations): (Vec<Violation>, Vec<Violation>) = violations
+        .into_iter()
+        .partition(|v| stale.contains(&v.node));
+    let unconfirmed = unconfirmed.into_iter().map(|v| v.node).collect();
+    let observation = if !violations.is_empty() {
         let nodes = violations.iter().map(|v| v.node.clone()).collect();
-        return Observation::OutOfBounds(violations.swap_remove(0), nodes);
-    }
-    if !awaiting.is_empty() || snap.nodes.is_empty() {
-        return Observation::Awaiting(awaiting);
-    }
-    Observation::InBounds
+        Observation::OutOfBounds(violations.swap_remove(0), nodes)
+    } else if !awaiting.is_empty() || snap.nodes.is_empty() {
+        Observation::Awaiting(awaiting)
+    } else if !stale.is_empty() {
+        Observation::AwaitingPublication(stale)
+    } else {
+        Observation::InBounds
+    };
+    (observation, unconfirmed)
 }
 
 pub fn evaluate(
@@ -217,7 +249,8 @@ pub fn evaluate(
         }
     };
     let deadline = snap.deadline_passed();
-    match observe(gate, &min, &max, snap) {
+    let (observation, unconfirmed) = observe(gate, &min, &max, snap);
+    let mut verdict = match observation {
         Observation::Unavailable(why) => {
             let status = if deadline {
                 GateStatus::Failed
@@ -246,6 +279,25 @@ pub fn evaluate(
             };
             let mut r = result(NAME, GateStatus::Pending, "AwaitingPods", message);
             r.since = Some(Time(soak::since(previous, "AwaitingPods", None, snap.now)));
+            Verdict::new(r)
+        }
+        Observation::AwaitingPublication(nodes) => {
+            let message = format!(
+                "waiting for the ResourceSlices of {} published after the new driver pod became Ready on {}",
+                gate.driver,
+                list_some(&nodes)
+            );
+            let since = soak::since(previous, "AwaitingPublication", None, snap.now);
+            let mut r = if deadline {
+                let mut r = result(NAME, GateStatus::Failed, "NoFreshPublication", message);
+                r.since = Some(Time(snap.now));
+                r
+            } else {
+                let mut r = result(NAME, GateStatus::Pending, "AwaitingPublication", message);
+                r.since = Some(Time(since));
+                r
+            };
+            r.node = nodes.first().cloned();
             Verdict::new(r)
         }
         Observation::InBounds => {
@@ -305,7 +357,9 @@ pub fn evaluate(
                 ..Verdict::new(r)
             }
         }
-    }
+    };
+    verdict.violating.extend(unconfirmed);
+    verdict
 }
 
 #[cfg(test)]
@@ -508,5 +562,56 @@ mod tests {
         w.without_progress = Duration::from_secs(600);
         let r = w.with_snapshot(|s| evaluate(&g, s, None)).result;
         assert_eq!(r.status, GateStatus::Failed);
+    }
+
+    #[test]
+    fn pools_not_published_since_the_new_driver_became_ready_are_not_judged() {
+        use crate::devices::test_objects::written_at;
+        let mut w = World::healthy(1, 8);
+        w.pod("node-0").ready_since = Some(ts(100));
+        let g = gate("baseline", "baseline", "0s");
+        let before = [written_at(pool("node-0", 1, 8), 50)];
+        // The old driver's pool, still there: not judged, whatever the soak.
+        let v = eval_with(&g, &mut w, &before, &before, None);
+        assert_eq!(
+            (v.result.status, v.result.reason.as_str()),
+            (GateStatus::Pending, "AwaitingPublication"),
+            "{:?}",
+            v.result
+        );
+        assert!(v.violating.is_empty());
+        // Republished in the Ready's own second: cannot tell which came first.
+        let same_second = [written_at(pool("node-0", 2, 8), 100)];
+        let r = eval_with(&g, &mut w, &before, &same_second, None).result;
+        assert_eq!(r.reason, "AwaitingPublication");
+        // Published after it: judged.
+        let fresh = [written_at(pool("node-0", 2, 8), 101)];
+        let r = eval_with(&g, &mut w, &before, &fresh, None).result;
+        assert_eq!(r.status, GateStatus::Passed, "{r:?}");
+        let fewer = [written_at(pool("node-0", 2, 4), 101)];
+        let r = eval_with(&g, &mut w, &before, &fewer, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "BelowMinimum")
+        );
+        // No slice at all has no time to be fresh by: judged as seen (it can
+        // only fail).
+        let r = eval_with(&g, &mut w, &before, &[], None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "SlicesWithdrawn")
+        );
+        // A stale pool out of bounds holds a slot, fails nothing.
+        let stale_fewer = [written_at(pool("node-0", 1, 4), 60)];
+        let v = eval_with(&g, &mut w, &before, &stale_fewer, None);
+        assert_eq!(v.result.status, GateStatus::Pending);
+        assert_eq!(v.violating.iter().collect::<Vec<_>>(), ["node-0"]);
+        // At the deadline, a node never published for fails.
+        w.without_progress = Duration::from_secs(600);
+        let r = eval_with(&g, &mut w, &before, &before, None).result;
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (GateStatus::Failed, "NoFreshPublication")
+        );
     }
 }

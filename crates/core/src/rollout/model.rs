@@ -4,7 +4,10 @@
 //! template, with a delay), the kubelets and agents (pods start, become Ready
 //! or crash as their release dictates; a device plugin advertises what its
 //! release advertises; terminating pods take a while to go), nodes (NotReady,
-//! tainted, deleted, joining), probe pods (scheduled only where the node
+//! tainted, deleted, joining), each node's kubelet writing the node's status
+//! (stamped with its heartbeat) when what it reports changes and, after an
+//! agent became Ready, in a later second (the report of its registration),
+//! probe pods (scheduled only where the node
 //! advertises a device, succeeding where the agent still serves it), and the
 //! operator's runtime around
 //! [`decide`]: caches that lag behind the cluster (each resource on its own,
@@ -67,6 +70,20 @@ pub enum Release {
 }
 
 impl Release {
+    /// What a Ready pod of this release advertises in `zone` whatever its
+    /// age, when that never changes.
+    pub fn steady_count(self, zone: &str) -> Option<i64> {
+        match self {
+            Release::Healthy
+            | Release::Unready
+            | Release::Broken
+            | Release::Crashloop
+            | Release::Overcount
+            | Release::BrokenInZoneB => Some(self.advertises(zone, 0)),
+            Release::BreaksAfter(_) | Release::Flap(_) | Release::LateInZoneA(_) => None,
+        }
+    }
+
     /// Devices a Ready pod of this release advertises on `node` at `age` seconds.
     fn advertises(self, zone: &str, age: i64) -> i64 {
         match self {
@@ -117,6 +134,9 @@ pub struct MNode {
     /// Seconds since the node's plugin stopped serving (allocatable drops to
     /// 0 a second later, as the kubelet device manager does).
     pub unserved_for: i64,
+    /// When the kubelet last wrote the node's status (the Ready condition's
+    /// lastHeartbeatTime): allocatable is what it computed then.
+    pub status_written: Timestamp,
 }
 
 impl MNode {
@@ -141,6 +161,8 @@ pub struct MPod {
     pub deleted: Option<Timestamp>,
     pub running: bool,
     pub ready: bool,
+    /// When it last became Ready (its Ready condition's lastTransitionTime).
+    pub ready_since: Option<Timestamp>,
     pub waiting: Option<String>,
     pub restarts: i32,
     /// Seconds left before a terminating pod is gone.
@@ -346,6 +368,7 @@ impl Model {
                 .unwrap();
             p.running = true;
             p.ready = true;
+            p.ready_since = Some(m.now);
             p.age = 100;
         }
         m.advertise();
@@ -389,6 +412,7 @@ impl Model {
                 taints: Vec::new(),
                 allocatable: crate::objects::Quantities::new(),
                 unserved_for: 0,
+                status_written: self.now,
             },
         );
     }
@@ -412,6 +436,7 @@ impl Model {
                 deleted: None,
                 running: false,
                 ready: false,
+                ready_since: None,
                 waiting: None,
                 restarts: 0,
                 terminating: None,
@@ -578,6 +603,9 @@ impl Model {
             if before != (p.running, p.ready, p.waiting.clone()) {
                 p.version = format!("{}", p.version.parse::<u64>().unwrap_or(0) + 1);
             }
+            if p.ready != before.1 {
+                p.ready_since = p.ready.then_some(self.now);
+            }
         }
         // The DaemonSet controller: a pod on every covered node without one,
         // once the old one has terminated, only with updates OnDelete.
@@ -655,13 +683,25 @@ impl Model {
             .retain(|_, p| nodes.contains_key(&p.node));
     }
 
-    /// Device plugins: allocatable follows the Ready agent's release.
+    /// Device plugins: allocatable follows the Ready agent's release, and
+    /// the kubelet writes the node's status (stamped with its heartbeat)
+    /// when that changes; and, as the report of a plugin's registration, in
+    /// the second after its pod became Ready if it has not written since
+    /// (a status written in the Ready's own second does not count as after
+    /// it: the API keeps whole seconds).
     fn advertise(&mut self) {
         let pods: Vec<MPod> = self.cluster.pods.values().cloned().collect();
+        let now = self.now;
         for node in self.cluster.nodes.values_mut() {
             let serving = pods
                 .iter()
                 .find(|p| p.node == node.name && p.terminating.is_none() && p.running && p.ready);
+            if let Some(ready) = serving.and_then(|p| p.ready_since)
+                && node.status_written.as_second() <= ready.as_second()
+                && now.as_second() > ready.as_second()
+            {
+                node.status_written = now;
+            }
             let count = match serving {
                 Some(p) => {
                     node.unserved_for = 0;
@@ -681,8 +721,12 @@ impl Model {
                     }
                 }
             };
-            node.allocatable
-                .insert(RESOURCE.to_string(), Quantity(count.to_string()));
+            let shown = node.allocatable.get(RESOURCE).map(|q| q.0.as_str());
+            if shown != Some(count.to_string().as_str()) {
+                node.allocatable
+                    .insert(RESOURCE.to_string(), Quantity(count.to_string()));
+                node.status_written = now;
+            }
         }
     }
 
@@ -980,6 +1024,7 @@ impl Model {
                     p.terminating = Some(1 + (self.counter % 2) as i64);
                     p.deleted = Some(self.now);
                     p.ready = false;
+                    p.ready_since = None;
                 }
             }
             Action::Quarantine { taints, .. } => {
@@ -1178,6 +1223,32 @@ impl Model {
                 }
             }
         }
+        // A baseline is taken only from a status written after the node's
+        // (stable) agent became Ready: right after a revert the node may
+        // still show what the reverted release left.
+        for s in &new.stages {
+            for n in s.baseline.keys() {
+                let recorded_before = old
+                    .stage(s.index)
+                    .is_some_and(|o| o.baseline.contains_key(n))
+                    && old.target_revision == new.target_revision;
+                if recorded_before {
+                    continue;
+                }
+                let ready_since = pods_c
+                    .pods
+                    .values()
+                    .filter(|p| &p.node == n && p.terminating.is_none())
+                    .filter_map(|p| p.ready_since)
+                    .max();
+                let written = nodes_c.nodes.get(n).map(|node| node.status_written);
+                if !crate::gates::freshness::written_after(written, ready_since) {
+                    self.violations.push(format!(
+                        "baseline of node {n} taken from its status written at {written:?}, not after its agent became Ready at {ready_since:?}"
+                    ));
+                }
+            }
+        }
         // No stage passes without judging every node it holds, on the target.
         let target = new.target_revision.clone().unwrap_or_default();
         for s in &new.stages {
@@ -1227,6 +1298,45 @@ impl Model {
                         "stage {} passed with node {n} not proven (ready on target: {ok}, allocatable {alloc:?})",
                         s.index
                     ));
+                }
+                // ... on what the node's kubelet wrote after the new agent
+                // became Ready (a later whole second), never on what the old
+                // agent left, whatever the soak; so a release that never
+                // advertises within bounds there never passes.
+                if self.spec.allocatable_gates().is_empty() {
+                    continue;
+                }
+                let ready_since = pods_c
+                    .pods
+                    .values()
+                    .find(|p| {
+                        &p.node == n && p.revision == target && p.terminating.is_none() && p.ready
+                    })
+                    .and_then(|p| p.ready_since);
+                let written = nodes_c.nodes.get(n).map(|node| node.status_written);
+                if !crate::gates::freshness::written_after(written, ready_since) {
+                    self.violations.push(format!(
+                        "stage {} passed on node {n}'s status written at {written:?}, not after its agent became Ready at {ready_since:?}",
+                        s.index
+                    ));
+                }
+                let zone = nodes_c.nodes.get(n).map(|node| node.zone()).unwrap_or("");
+                let steady = self
+                    .releases
+                    .get(&target)
+                    .and_then(|r| r.steady_count(zone));
+                if let Some(c) = steady {
+                    let steady_in_bounds = match baseline {
+                        Some(0) => true,
+                        Some(b) => c == b,
+                        None => c >= 1,
+                    };
+                    if !steady_in_bounds {
+                        self.violations.push(format!(
+                            "stage {} passed with node {n}, where release {target} never advertises within bounds ({c} devices, baseline {baseline:?})",
+                            s.index
+                        ));
+                    }
                 }
             }
             // With a probe gate: every probe of the stages passed, and every
@@ -1491,6 +1601,7 @@ pub fn node_view(n: &MNode) -> NodeView<'_> {
         labels: &n.labels,
         ready: n.ready,
         not_ready_since: (!n.ready).then_some(n.ready_since),
+        status_written: Some(n.status_written),
         taints: &n.taints,
         allocatable: &n.allocatable,
         ours: RolloutLabels::of(&n.labels),
@@ -1506,6 +1617,7 @@ fn pod_view(p: &MPod) -> AgentPod<'_> {
         revision: &p.revision,
         running: p.running && p.terminating.is_none(),
         ready: p.ready && p.terminating.is_none(),
+        ready_since: p.ready_since.filter(|_| p.ready && p.terminating.is_none()),
         deleting: p.terminating.is_some(),
         waiting_reason: p.waiting.as_deref(),
         waiting_message: None,

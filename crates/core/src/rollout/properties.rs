@@ -13,6 +13,10 @@
 //!   spec.template, and no pod is deleted while the DaemonSet carries it;
 //! - no stage passes unless every node it holds runs a Ready pod of the target
 //!   and advertises within bounds, and a stage holding no node never passes;
+//! - ... judged on node status written after the node's new agent became
+//!   Ready (a later whole second), whatever the allocatable gate's soak
+//!   (0 s among them): a release that never advertises within bounds on a
+//!   node never passes a stage holding it, however the caches lag;
 //! - with `onFailure: Quarantine` or `Halt`, a stopped revision never
 //!   progresses: while the DaemonSet carries it no pod is replaced, no
 //!   template written, no label changed; Quarantine keeps the budget (the
@@ -72,6 +76,8 @@ struct Scenario {
     on_failure: OnFailure,
     /// A probe gate, sampling this many of each later stage's nodes.
     probe: Option<i32>,
+    /// The allocatable gate's soak.
+    allocatable_soak: &'static str,
     steps: Vec<Step>,
 }
 
@@ -141,6 +147,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             1 => Just(OnFailure::Halt),
         ],
         prop::option::of(1i32..4),
+        prop_oneof![Just("0s"), Just("1s"), Just("3s"), Just("10s")],
         prop::collection::vec(step(), 20..250),
     )
         .prop_map(
@@ -153,6 +160,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 gitops,
                 on_failure,
                 probe,
+                allocatable_soak,
                 steps,
             )| {
                 Scenario {
@@ -164,6 +172,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     gitops,
                     on_failure,
                     probe,
+                    allocatable_soak,
                     steps,
                 }
             },
@@ -190,6 +199,11 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     });
     if let Some(sample) = s.probe {
         m.add_probe_gate(sample);
+    }
+    if let Some(gates) = m.spec.gates.as_mut() {
+        for g in &mut gates.allocatable {
+            g.soak = DurationString::new(s.allocatable_soak);
+        }
     }
     // Start from a settled rollout of the first template.
     let first = if s.gitops {

@@ -195,6 +195,7 @@ mod tests {
             labels,
             ready: false,
             not_ready_since: Some(at(100)),
+            status_written: None,
             taints,
             allocatable: alloc,
             ours: RolloutLabels::of(labels),

@@ -67,7 +67,7 @@ pub(super) fn roll(
     let stage_specs = o.spec.effective_stages();
     let index = (st.current_stage.unwrap_or(0).max(0) as usize).min(stage_specs.len() - 1);
     let stage_spec = &stage_specs[index];
-    if let Err(e) = reconcile_membership(
+    let baselines_awaited = match reconcile_membership(
         o,
         st,
         actions,
@@ -77,9 +77,12 @@ pub(super) fn roll(
         stage_spec,
         stage_specs.len(),
     ) {
-        phase::stalled(st, o, Phase::Failed, "NoEligibleNodes", e.to_string());
-        return None;
-    }
+        Ok(awaited) => awaited,
+        Err(e) => {
+            phase::stalled(st, o, Phase::Failed, "NoEligibleNodes", e.to_string());
+            return None;
+        }
+    };
     let labelled = sync_labels(o, st, actions, index);
 
     // Every node the rollout holds now, and their baselines.
@@ -230,7 +233,9 @@ pub(super) fn roll(
         stage_specs.len()
     );
     phase::working(st, o, Phase::Progressing, "RollingOut", progress_msg);
-    let passed = gates::all_passed(&verdicts) && to_replace.is_empty();
+    // A stage that could not take every node it planned (a baseline's
+    // evidence awaited) is not complete, whatever its gates say.
+    let passed = gates::all_passed(&verdicts) && to_replace.is_empty() && !baselines_awaited;
     if !passed {
         let stage = &mut st.stages[stage_pos];
         stage.state = if to_replace.is_empty() {
@@ -239,10 +244,13 @@ pub(super) fn roll(
             StageState::Replacing
         };
         stage.verified_at = None;
-        return Some(recheck_after(
-            &verdicts,
-            deadline.saturating_sub(without_progress),
-        ));
+        let recheck = recheck_after(&verdicts, deadline.saturating_sub(without_progress));
+        // Nothing wakes the rollout for a node it does not hold yet.
+        return Some(if baselines_awaited {
+            recheck.min(BASELINE_RECHECK)
+        } else {
+            recheck
+        });
     }
     advance(
         o,
@@ -353,9 +361,18 @@ fn note(list: &mut Vec<NodeNote>, node: &str, reason: &str, message: String) {
     list.sort_by(|a, b| a.node.cmp(&b.node));
 }
 
+/// How often a stage that waits for a planned node's baseline evidence looks
+/// again (the node is not held yet, so its status writes wake nobody).
+const BASELINE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Re-derives which nodes the stages hold (see the module doc) and plans the
 /// current stage up to its size, recording each new node's baseline before
-/// anything touches it.
+/// anything touches it. A baseline is taken only from evidence written after
+/// the node's serving stable agent became Ready ([`gates::freshness`]): right
+/// after a revert the node may still show what the reverted release left (a
+/// broken plugin's 0, which as a baseline would bound nothing, or a driver's
+/// cleared taints). A planned node whose evidence is not there yet is not
+/// taken this pass; `Ok(true)` says so (the stage is then not complete).
 #[allow(clippy::too_many_arguments)]
 fn reconcile_membership(
     o: &Observed,
@@ -366,7 +383,7 @@ fn reconcile_membership(
     index: usize,
     stage_spec: &Stage,
     stage_count: usize,
-) -> Result<(), PlanError> {
+) -> Result<bool, PlanError> {
     let placement = &ds.placement;
     // Let go of nodes that left or can no longer have their agent replaced.
     for stage in st.stages.iter_mut().filter(|s| s.index as usize <= index) {
@@ -459,6 +476,13 @@ fn reconcile_membership(
         .map(|g| g.resource.as_str())
         .collect();
     let stable = st.stable_revision.clone().unwrap_or_default();
+    let awaited: BTreeSet<String> = planned
+        .iter()
+        .filter(|n| !baseline_evidence_fresh(o, n, &stable, &gated))
+        .cloned()
+        .collect();
+    planned.retain(|n| !awaited.contains(n));
+    added.retain(|n| !awaited.contains(n));
     // Claim names recorded so far: past the status's budget, a node's claims
     // are counted only (see saferollout_api::device_baseline).
     let mut claim_names: usize = st
@@ -520,7 +544,36 @@ fn reconcile_membership(
             ),
         );
     }
-    Ok(())
+    Ok(!awaited.is_empty())
+}
+
+/// Whether a baseline of `node` may be taken now: its live agents are of the
+/// stable revision and serve, and what they advertise was written after they
+/// became Ready (the node's status for the gated resources, the driver's
+/// pools for the device gates). A node whose agent does not serve the stable
+/// revision gets no baseline at all (judged as one that joined by itself),
+/// so there is nothing to wait for.
+fn baseline_evidence_fresh(o: &Observed, node: &str, stable: &str, gated: &[&str]) -> bool {
+    let live: Vec<_> = live_pods(o.pods, node).collect();
+    let serving_stable = !live.is_empty()
+        && live
+            .iter()
+            .all(|p| p.revision == stable && p.running && p.ready);
+    let (Some(view), true) = (o.nodes.get(node), serving_stable) else {
+        return true;
+    };
+    live.iter().all(|pod| {
+        let status = gated.is_empty() || gates::freshness::node_status_fresh(view, pod);
+        let pools = match (o.spec.device_driver(), o.evidence.devices) {
+            (Some(driver), Some(ev)) if ev.unavailable.is_none() => {
+                let slices = ev.node_slices(node, driver);
+                gates::freshness::publication(&slices, driver, pod.ready_since)
+                    != gates::freshness::Publication::Stale
+            }
+            _ => true,
+        };
+        status && pools
+    })
 }
 
 /// Makes exactly the nodes the stages hold carry this rollout's labels;

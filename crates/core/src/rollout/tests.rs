@@ -1656,3 +1656,69 @@ fn an_older_operators_status_without_a_hash_keeps_working() {
     assert!(m.all_on("v2"));
     no_violations(&m);
 }
+
+/// Right after a broken release is reverted, the node cache may still show
+/// a status written before the restored plugin became Ready (the broken
+/// plugin's 0, or the same second's report) while the pod cache shows it
+/// Ready. Another broken release written at once, under a gate without
+/// soak: the canary's baseline is taken only from a status written after
+/// the restored plugin became Ready (8; the model checks the freshness of
+/// every baseline it sees recorded), never from that 0 (a baseline of 0
+/// bounds nothing: the release would pass).
+#[test]
+fn a_baseline_is_taken_from_the_restored_agents_report_not_the_reverted_ones() {
+    let mut m = settled(4);
+    m.spec.stages = Some(stages(&[("1", false), ("100%", false)]));
+    if let Some(gates) = m.spec.gates.as_mut() {
+        gates.allocatable[0].soak = DurationString::new("0s");
+    }
+    m.write_revision("v2", Release::Broken);
+    for _ in 0..60 {
+        m.one_reconcile();
+        if m.status.phase == Some(Phase::Degraded) && m.all_on("v1") {
+            break;
+        }
+    }
+    assert_eq!(degraded_reason(&m).as_deref(), Some("AllocatableFailed"));
+    m.write_revision("v3", Release::Broken);
+    // The node cache two seconds behind the pod cache: it shows the 0.
+    let lagging = Lag {
+        nodes: 2,
+        ..Lag::default()
+    };
+    for _ in 0..60 {
+        m.reconcile(lagging, Losses::default());
+        m.advance();
+        for s in &m.status.stages {
+            for (node, b) in &s.baseline {
+                assert_eq!(
+                    b.get(RESOURCE).copied(),
+                    Some(GPUS),
+                    "baseline of {node} taken from what the reverted release left"
+                );
+            }
+        }
+        if m.status
+            .blocked_revisions
+            .iter()
+            .any(|b| b.revision == "v3")
+            && m.all_on("v1")
+        {
+            break;
+        }
+    }
+    assert!(
+        m.status
+            .blocked_revisions
+            .iter()
+            .any(|b| b.revision == "v3"),
+        "{:#?}",
+        m.status
+    );
+    assert_eq!(
+        m.touched.get("v3").map(BTreeSet::len),
+        Some(1),
+        "only the canary got v3"
+    );
+    no_violations(&m);
+}

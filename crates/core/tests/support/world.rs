@@ -150,6 +150,8 @@ impl World {
                         labels: &n.labels,
                         ready: n.ready,
                         not_ready_since: (!n.ready).then_some(self.now),
+                        // Written after every agent became Ready (below).
+                        status_written: Some(self.now),
                         taints: &[],
                         allocatable: &n.allocatable,
                         ours: RolloutLabels::of(&n.labels),
@@ -167,6 +169,7 @@ impl World {
                 revision: &p.revision,
                 running: true,
                 ready: p.ready,
+                ready_since: p.ready.then(|| self.now - SignedDuration::from_secs(29)),
                 created: Some(self.now - SignedDuration::from_secs(30)),
                 ..Default::default()
             });

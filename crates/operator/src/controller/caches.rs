@@ -981,6 +981,17 @@ impl Router {
                     Wake::Nobody => {}
                     Wake::Every => self.all_in(None, Cause::Node),
                     Wake::Concerned => self.concerned_by(n, &now, before.as_ref()),
+                    Wake::Holder => {
+                        for sr in self.caches.every_rollout() {
+                            let id = super::rollout_id(
+                                &sr.namespace().unwrap_or_default(),
+                                &sr.name_any(),
+                            );
+                            if now.rollout.as_deref() == Some(id.as_str()) {
+                                self.triggers.send(ObjectRef::from_obj(&*sr), Cause::Node);
+                            }
+                        }
+                    }
                 }
             }
             Event::Delete(n) => {
@@ -1081,6 +1092,9 @@ pub(crate) struct NodeMemo {
     rollout: Option<String>,
     /// Taints, unschedulable, allocatable, readiness.
     state: u64,
+    /// When the kubelet last wrote the status (the Ready heartbeat): gates
+    /// wait for a status written after a new agent became Ready.
+    written: Option<i64>,
 }
 
 /// Whom a node change wakes.
@@ -1091,6 +1105,8 @@ pub(crate) enum Wake {
     Every,
     /// The SafeRollouts the node concerns ([`Router::concerned_by`]).
     Concerned,
+    /// The SafeRollout holding the node (its label): a status write alone.
+    Holder,
 }
 
 impl NodeMemo {
@@ -1136,6 +1152,13 @@ impl NodeMemo {
                 .and_then(|l| l.get(ROLLOUT_LABEL))
                 .cloned(),
             state: state.finish(),
+            written: n
+                .status
+                .as_ref()
+                .and_then(|st| st.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                .and_then(|c| c.last_heartbeat_time.as_ref())
+                .map(|t| t.0.as_second()),
         }
     }
 
@@ -1145,6 +1168,7 @@ impl NodeMemo {
             None => Wake::Every,
             Some(b) if b.labels != self.labels => Wake::Every,
             Some(b) if b.ours != self.ours || b.state != self.state => Wake::Concerned,
+            Some(b) if b.written != self.written && self.rollout.is_some() => Wake::Holder,
             Some(_) => Wake::Nobody,
         }
     }
@@ -1356,11 +1380,16 @@ mod tests {
         );
         let held =
             json!({"pool": "a", "saferollout.dev/rollout": "ns.r", "saferollout.dev/stage": "0"});
-        let labelled = NodeMemo::of(&node("True", "2026-01-01T00:00:00Z", "8", held));
+        let labelled = NodeMemo::of(&node("True", "2026-01-01T00:00:00Z", "8", held.clone()));
         assert_eq!(
             labelled.wakes(Some(&base)),
             Wake::Concerned,
             "our own labels"
+        );
+        assert_eq!(
+            NodeMemo::of(&node("True", "2026-01-01T00:00:10Z", "8", held)).wakes(Some(&labelled)),
+            Wake::Holder,
+            "a held node's heartbeat: its gates may wait for a fresh status"
         );
         assert_eq!(labelled.rollout.as_deref(), Some("ns.r"));
         assert_eq!(

@@ -229,10 +229,29 @@ pub async fn wait_synced(d: &DeviceCaches) {
 
 /// What of each object is kept.
 mod prune {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
     use super::*;
 
+    /// A slice: its pool, devices (names, capacities, taints), counters, and
+    /// when it was last written. Of its managed fields only the newest time
+    /// is kept, as one entry with nothing else (the gates judge a pool only
+    /// when written after the new driver became Ready:
+    /// `saferollout_core::gates::freshness::slice_written` reads it).
     pub fn slice(s: &mut ResourceSlice) {
-        s.metadata.managed_fields = None;
+        let written = s
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|m| m.time.clone())
+            .max_by_key(|t| t.0);
+        s.metadata.managed_fields = written.map(|time| {
+            vec![ManagedFieldsEntry {
+                time: Some(time),
+                ..Default::default()
+            }]
+        });
         s.metadata.annotations = None;
         for d in s.spec.devices.iter_mut().flatten() {
             d.attributes = None;
@@ -885,6 +904,31 @@ mod tests {
             assert!(!is_lasting(&api(code)), "{code} is asked again");
         }
         assert!(!is_lasting(&kube::Error::LinesCodecMaxLineLengthExceeded));
+    }
+
+    #[test]
+    fn a_pruned_slice_keeps_when_it_was_last_written_and_no_other_managed_field() {
+        let mut s: ResourceSlice = serde_json::from_value(json!({
+            "metadata": {"name": "n-gpu", "creationTimestamp": "2026-12-06T10:00:00Z",
+                "annotations": {"a": "b"},
+                "managedFields": [
+                    {"manager": "driver", "operation": "Apply", "time": "2026-12-06T10:00:05Z",
+                        "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}},
+                    {"manager": "other", "operation": "Update", "time": "2026-12-06T10:00:02Z",
+                        "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {}}}]},
+            "spec": {"driver": "gpu.example.com", "nodeName": "n",
+                "pool": {"name": "n", "generation": 2, "resourceSliceCount": 1}}
+        }))
+        .unwrap();
+        prune::slice(&mut s);
+        let kept = s.metadata.managed_fields.as_deref().unwrap();
+        assert_eq!(kept.len(), 1);
+        assert!(kept[0].manager.is_none() && kept[0].fields_v1.is_none());
+        assert_eq!(
+            saferollout_core::gates::freshness::slice_written(&s),
+            Some("2026-12-06T10:00:05Z".parse().unwrap())
+        );
+        assert!(s.metadata.annotations.is_none());
     }
 
     #[test]

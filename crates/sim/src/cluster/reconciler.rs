@@ -12,6 +12,7 @@ use futures::{Stream, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::{Map, Value, json};
@@ -550,11 +551,12 @@ fn write_ops(node: &str, node_uid: Option<&str>, plan: NodePlan) -> Vec<WriteOp>
             name: update.name,
         });
     }
-    if !plan.node_entries.is_empty() {
+    if !plan.node_entries.is_empty() || plan.status_heartbeat.is_some() {
         let mut capacity = Map::new();
         let mut allocatable = Map::new();
         for (resource, entries) in plan.node_entries {
-            // Null removes the key in a JSON merge patch.
+            // Null removes the key (in a strategic merge patch as in a JSON
+            // merge patch).
             capacity.insert(
                 resource.clone(),
                 entries.capacity.map_or(Value::Null, Value::String),
@@ -564,7 +566,17 @@ fn write_ops(node: &str, node_uid: Option<&str>, plan: NodePlan) -> Vec<WriteOp>
                 entries.allocatable.map_or(Value::Null, Value::String),
             );
         }
-        let mut patch = json!({"status": {"capacity": capacity, "allocatable": allocatable}});
+        let mut patch = json!({"status": {}});
+        if !capacity.is_empty() {
+            patch["status"]["capacity"] = Value::Object(capacity);
+            patch["status"]["allocatable"] = Value::Object(allocatable);
+        }
+        if let Some(beat) = plan.status_heartbeat {
+            // Merged into the Ready condition by its type (a strategic merge
+            // patch), the rest of the condition left as it is.
+            patch["status"]["conditions"] =
+                json!([{"type": "Ready", "lastHeartbeatTime": Time(beat)}]);
+        }
         if let Some(uid) = node_uid {
             patch["metadata"] = json!({"uid": uid});
         }
@@ -738,6 +750,46 @@ mod tests {
             })
         );
         assert!(matches!(&ops[2], WriteOp::DeleteSlice { name } if name == "s"));
+    }
+
+    #[test]
+    fn a_node_status_write_stamps_the_ready_heartbeat() {
+        let beat = Timestamp::from_second(1_800_000_000).unwrap();
+        // A report alone: only the Ready condition's heartbeat, merged by type.
+        let plan = NodePlan {
+            status_heartbeat: Some(beat),
+            ..NodePlan::default()
+        };
+        let ops = write_ops("n1", None, plan);
+        let [WriteOp::NodeStatus { patch, .. }] = &ops[..] else {
+            panic!("{ops:?}")
+        };
+        assert_eq!(
+            patch,
+            &json!({"status": {"conditions": [
+                {"type": "Ready", "lastHeartbeatTime": "2027-01-15T08:00:00Z"}]}})
+        );
+        // With devices, in the same write.
+        let plan = NodePlan {
+            node_entries: BTreeMap::from([(
+                "example.com/gpu".to_owned(),
+                ResourceEntries {
+                    capacity: Some("4".into()),
+                    allocatable: Some("4".into()),
+                },
+            )]),
+            status_heartbeat: Some(beat),
+            ..NodePlan::default()
+        };
+        let ops = write_ops("n1", None, plan);
+        let [WriteOp::NodeStatus { patch, .. }] = &ops[..] else {
+            panic!("{ops:?}")
+        };
+        assert_eq!(patch["status"]["allocatable"]["example.com/gpu"], "4");
+        assert_eq!(
+            patch["status"]["conditions"][0]["lastHeartbeatTime"],
+            "2027-01-15T08:00:00Z"
+        );
     }
 
     #[test]

@@ -32,7 +32,8 @@ pub enum WriteOp {
         name: String,
         patch: Value,
     },
-    /// JSON merge patch of a node's status subresource.
+    /// Strategic merge patch of a node's status subresource (extended
+    /// resources, and the Ready condition's heartbeat merged by its type).
     NodeStatus {
         name: String,
         patch: Value,
@@ -121,7 +122,7 @@ pub async fn perform(client: Client, op: WriteOp) -> Result<Written, WriteError>
             .await
             .map(|pod| Written::Pod(Box::new(pod))),
         WriteOp::NodeStatus { name, patch } => Api::<Node>::all(client)
-            .patch_status(&name, &params, &Patch::Merge(patch))
+            .patch_status(&name, &params, &Patch::Strategic(patch))
             .await
             .map(|node| Written::Node(Box::new(node))),
         WriteOp::ApplySlice { name, slice } => Api::<ResourceSlice>::all(client)

@@ -21,7 +21,7 @@ use super::slice::{
     DriverPod, DriverPool, NodeRef, PoolContent, SliceTarget, desired_slices, gpu_index,
     is_pool_slice_name, plan_pool, published_pool, slice_differs,
 };
-use super::time::{add, whole_seconds};
+use super::time::{add, reported_after, whole_seconds};
 use super::workload::{
     DeviceUse, UsedDevice, WorkloadMoment, assign_plugin_devices, desired_workload_status,
     is_terminal, workload_log_lines, workload_moment,
@@ -29,7 +29,8 @@ use super::workload::{
 use super::{AgentKind, Fault, ids};
 use crate::{
     AGENT_LABEL, DEFAULT_DRIVER, DEFAULT_RESOURCE, DEVICES_LABEL, DRIVER_ANNOTATION, FAULTY_LABEL,
-    FIELD_MANAGER, PARTITIONS_ANNOTATION, RESOURCE_ANNOTATION, UNITS_ANNOTATION,
+    FIELD_MANAGER, PARTITIONS_ANNOTATION, REPORT_DELAY_ANNOTATION, RESOURCE_ANNOTATION,
+    UNITS_ANNOTATION,
 };
 
 /// What the sim needs to know of a Node object.
@@ -48,6 +49,11 @@ pub struct NodeFacts {
     pub sim_owned: BTreeSet<String>,
     /// The node's Ready condition is not True.
     pub not_ready: bool,
+    /// The node has a Ready condition (a status write stamps its heartbeat).
+    pub has_ready_condition: bool,
+    /// When the node's status was last written: its Ready condition's
+    /// `lastHeartbeatTime`, which a kubelet sets on every status write.
+    pub status_written: Option<Timestamp>,
 }
 
 impl NodeFacts {
@@ -61,6 +67,9 @@ impl NodeFacts {
                 .map(|(key, quantity)| (key.clone(), quantity.0.clone()))
                 .collect()
         };
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
         Self {
             uid: node.metadata.uid.clone().unwrap_or_default(),
             internal_ip: status
@@ -84,9 +93,11 @@ impl NodeFacts {
             capacity: quantities(status.and_then(|s| s.capacity.as_ref())),
             allocatable: quantities(status.and_then(|s| s.allocatable.as_ref())),
             sim_owned: sim_owned_resources(node),
-            not_ready: !status
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            not_ready: ready.is_none_or(|c| c.status != "True"),
+            has_ready_condition: ready.is_some(),
+            status_written: ready
+                .and_then(|c| c.last_heartbeat_time.as_ref())
+                .map(|t| t.0),
         }
     }
 
@@ -178,6 +189,10 @@ pub struct NodePlan {
     pub pod_statuses: Vec<PodStatusUpdate>,
     /// Resource entries that differ from the node's, per resource.
     pub node_entries: BTreeMap<String, ResourceEntries>,
+    /// The heartbeat to stamp on the node's Ready condition: the node's
+    /// status is written now (with `node_entries`, or alone to report a
+    /// plugin that registered), as a kubelet stamps every status write.
+    pub status_heartbeat: Option<Timestamp>,
     pub slice_applies: Vec<ResourceSlice>,
     /// Names of slices to delete.
     pub slice_deletes: Vec<String>,
@@ -194,6 +209,7 @@ impl NodePlan {
     pub fn is_empty(&self) -> bool {
         self.pod_statuses.is_empty()
             && self.node_entries.is_empty()
+            && self.status_heartbeat.is_none()
             && self.slice_applies.is_empty()
             && self.slice_deletes.is_empty()
     }
@@ -230,6 +246,15 @@ pub struct NodeView<'a> {
     pub claims_known: bool,
 }
 
+/// When an agent pod became Ready and when its devices are reported (the
+/// node's status written with them, its slices published): in the whole
+/// second after its Ready, later by its `sim.saferollout.dev/report-delay`.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    ready: Timestamp,
+    at: Timestamp,
+}
+
 /// An agent pod the sim runs on the node.
 struct RunningAgent<'a> {
     pod: &'a Pod,
@@ -257,6 +282,9 @@ pub fn plan_node(
         .node
         .and_then(|n| n.internal_ip.clone())
         .unwrap_or_else(|| ids::fallback_host_ip(view.name));
+    // When each agent pod became Ready, as its status says (or is about to),
+    // and when its devices are reported.
+    let mut reports: BTreeMap<&str, Report> = BTreeMap::new();
     for agent in &agents {
         plan.wake_at(agent.moment.next_change);
         let started_at = started_at(agent.pod, memory).unwrap_or(now);
@@ -271,6 +299,22 @@ pub fn plan_node(
                 now,
             },
         );
+        let ready_since = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready" && c.status == "True")
+            .and_then(|c| c.last_transition_time.as_ref());
+        if let Some(t) = ready_since {
+            let delay = annotation(agent.pod, REPORT_DELAY_ANNOTATION)
+                .and_then(|d| crate::cli::parse_duration(d).ok())
+                .unwrap_or_default();
+            let report = Report {
+                ready: t.0,
+                at: reported_after(add(t.0, delay)),
+            };
+            reports.insert(agent.uid, report);
+        }
         if pod_status_differs(agent.pod.status.as_ref(), &status) {
             plan.pod_statuses.push(PodStatusUpdate {
                 namespace: agent.pod.metadata.namespace.clone().unwrap_or_default(),
@@ -291,11 +335,12 @@ pub fn plan_node(
         memory.unserved_since.clear();
         return plan;
     };
-    let mut services = plan_device_plugins(&mut plan, node, &agents, memory, now, timings);
+    let mut services =
+        plan_device_plugins(&mut plan, node, &agents, &reports, memory, now, timings);
     let dra_known = view.slices_known && view.claims_known;
     if dra_known {
         services.extend(plan_dra_drivers(
-            &mut plan, view, node, &agents, memory, now, timings,
+            &mut plan, view, node, &agents, &reports, memory, now, timings,
         ));
     }
     for agent in &agents {
@@ -449,14 +494,22 @@ fn driver_key(driver: &str) -> String {
 /// Plans the node's extended-resource entries; returns what each resource's
 /// plugin serves, by service key (`None` for a resource the node had but
 /// whose plugin is gone).
+/// The node's status is written as a kubelet writes it: whenever what it
+/// reports changes, stamped with a heartbeat; and a plugin whose pod became
+/// Ready is reported in the whole second after its Ready (a kubelet reports
+/// a registration at its next node-status sync; the sim's syncs are whole
+/// seconds), its devices held back until then, so the node's status written
+/// with them is after the Ready (`saferollout_core::gates::freshness`).
 fn plan_device_plugins(
     plan: &mut NodePlan,
     node: &NodeFacts,
     agents: &[RunningAgent<'_>],
+    reports: &BTreeMap<&str, Report>,
     memory: &mut NodeMemory,
     now: Timestamp,
     timings: &Timings,
 ) -> BTreeMap<String, Option<AgentService>> {
+    let mut report_due = false;
     let mut services = BTreeMap::new();
     let plugins = newest_per(agents, AgentKind::DevicePlugin, |pod| {
         annotation(pod, RESOURCE_ANNOTATION)
@@ -511,26 +564,50 @@ fn plan_device_plugins(
         let target = advertisement(&endpoint, now, timings);
         let shown = node.entries(&resource);
         plan.wake_at(target.next_change);
+        // The plugin's pod is Ready and the node's status not written since.
+        let unreported = plugins
+            .get(&resource)
+            .and_then(|agent| reports.get(agent.uid))
+            .filter(|report| {
+                node.has_ready_condition
+                    && node
+                        .status_written
+                        .is_none_or(|w| w.as_second() <= report.ready.as_second())
+            });
+        let mut held = false;
+        if let Some(report) = unreported {
+            if now < report.at {
+                plan.wake_at(Some(report.at));
+                held = true;
+            } else {
+                report_due = true;
+            }
+        }
         if !(target.finished && shown == target.entries) {
             memory.endpoints.insert(resource.clone(), endpoint);
             // A resource the node still shows (or is about to drop) counts;
             // one that is gone has no devices left to report on.
             services.insert(plugin_key(&resource), service);
         }
-        if shown != target.entries {
+        if shown != target.entries && !held {
             plan.node_entries.insert(resource, target.entries);
         }
+    }
+    if node.has_ready_condition && (report_due || !plan.node_entries.is_empty()) {
+        plan.status_heartbeat = Some(whole_seconds(now));
     }
     services
 }
 
 /// Plans the node's ResourceSlices; returns what each driver serves, by
 /// service key.
+#[allow(clippy::too_many_arguments)]
 fn plan_dra_drivers(
     plan: &mut NodePlan,
     view: NodeView<'_>,
     node: &NodeFacts,
     agents: &[RunningAgent<'_>],
+    reports: &BTreeMap<&str, Report>,
     memory: &mut NodeMemory,
     now: Timestamp,
     timings: &Timings,
@@ -596,6 +673,8 @@ fn plan_dra_drivers(
         let driver_pod = agent.map(|agent| DriverPod {
             uid: agent.uid,
             content: content.clone(),
+            registered: agent.moment.offer.serving(),
+            report_at: reports.get(agent.uid).map(|r| r.at),
         });
         let previous = memory.pools.remove(&driver);
         // The first slice carries the pool's publisher.

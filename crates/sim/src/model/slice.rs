@@ -229,6 +229,24 @@ pub struct DriverPod<'a> {
     pub uid: &'a str,
     /// What it publishes now; `None` when it publishes no slice.
     pub content: Option<PoolContent>,
+    /// Its container runs and talks to the kubelet (registered), whatever
+    /// it publishes: the kubelet then keeps the pool's slices (it wipes
+    /// them only once no driver is registered).
+    pub registered: bool,
+    /// When its first publication is written (`None`: it is not Ready, or
+    /// never will be, and publishes as it runs). The sim writes a new driver
+    /// pod's publication in the whole second after its pod became Ready
+    /// (later by its report delay), so that a gate can tell it from the old
+    /// driver's (API times keep whole seconds: written in the Ready's own
+    /// second, it could not be told from one written before it).
+    pub report_at: Option<Timestamp>,
+}
+
+impl DriverPod<'_> {
+    /// When this pod's first publication is due, if not yet.
+    fn first_publication_at(&self, now: Timestamp) -> Option<Timestamp> {
+        self.report_at.filter(|at| now < *at)
+    }
 }
 
 /// What should happen to the pool's slices.
@@ -261,8 +279,19 @@ pub fn plan_pool(
         publisher: published.and_then(|p| p.publisher.map(str::to_owned)),
         stopped_since: None,
     });
-    match driver.and_then(|d| d.content.map(|content| (d.uid, content))) {
-        Some((uid, content)) => {
+    let registered = driver.filter(|d| d.registered);
+    // A new driver pod, registered: the kubelet keeps the old slices (no
+    // wipe), and the new driver's publication (or withdrawal) comes once its
+    // pod's Ready is behind it.
+    if let Some(d) = &registered
+        && pool.publisher.as_deref() != Some(d.uid)
+        && let Some(at) = d.first_publication_at(now)
+    {
+        pool.stopped_since = None;
+        return (pool, SliceTarget::Keep, Some(at));
+    }
+    match registered.map(|d| (d.uid, d.content)) {
+        Some((uid, Some(content))) => {
             if pool.publisher.as_deref() != Some(uid) {
                 pool.generation += 1;
                 pool.publisher = Some(uid.to_owned());
@@ -274,6 +303,11 @@ pub fn plan_pool(
                 publisher: uid.to_owned(),
             };
             (pool, target, None)
+        }
+        // Registered, publishing nothing (`-broken`): it withdraws the pool.
+        Some((_, None)) => {
+            pool.stopped_since = None;
+            (pool, SliceTarget::Absent, None)
         }
         None => {
             let since = *pool.stopped_since.get_or_insert(now);
@@ -495,11 +529,50 @@ mod tests {
         }
     }
 
+    /// A driver pod that publishes `devices` (registered) or, with `None`,
+    /// does not run yet (not registered); Ready long ago.
     fn pod(uid: &str, devices: Option<u64>) -> Option<DriverPod<'_>> {
         Some(DriverPod {
             uid,
             content: devices.map(PoolContent::plain),
+            registered: devices.is_some(),
+            report_at: None,
         })
+    }
+
+    #[test]
+    fn a_new_driver_publishes_in_the_second_after_its_pod_became_ready() {
+        let timings = Timings::default();
+        let (pool, _, _) = plan_pool(None, None, pod("a", Some(4)), ts(0), &timings);
+        let ready = ts(10) + jiff::SignedDuration::from_millis(400);
+        let new = |devices: Option<u64>| {
+            Some(DriverPod {
+                uid: "b",
+                content: devices.map(PoolContent::plain),
+                registered: true,
+                report_at: Some(super::super::time::reported_after(ready)),
+            })
+        };
+        // Until then the old driver's slices stay (the kubelet wipes none
+        // while a driver is registered), whatever the status delay.
+        let (pool, target, wake) = plan_pool(Some(pool), None, new(Some(4)), ready, &timings);
+        assert_eq!((target, wake), (SliceTarget::Keep, Some(ts(11))));
+        let (pool, target, _) = plan_pool(Some(pool), None, new(Some(4)), ts(11), &timings);
+        assert_eq!(target, publish(4, 2, "b"));
+        // A registered driver that publishes nothing withdraws the pool, at
+        // the same moment.
+        let (pool, target, wake) = plan_pool(Some(pool), None, None, ts(20), &timings);
+        assert_eq!((target, wake), (SliceTarget::Keep, Some(ts(21))));
+        let broken = Some(DriverPod {
+            uid: "c",
+            content: None,
+            registered: true,
+            report_at: Some(ts(21)),
+        });
+        let (pool, target, wake) = plan_pool(Some(pool), None, broken.clone(), ts(20), &timings);
+        assert_eq!((target, wake), (SliceTarget::Keep, Some(ts(21))));
+        let (_, target, _) = plan_pool(Some(pool), None, broken, ts(21), &timings);
+        assert_eq!(target, SliceTarget::Absent);
     }
 
     #[test]

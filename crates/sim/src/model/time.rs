@@ -30,6 +30,16 @@ pub fn whole_seconds(at: Timestamp) -> Timestamp {
     Timestamp::from_second(at.as_second()).unwrap_or(at)
 }
 
+/// The first whole second after `ready`: when the sim writes the report of
+/// an agent whose pod became Ready at `ready` (the node's status with the new
+/// plugin's devices, a new driver's slices). API times keep whole seconds,
+/// so anything written in `ready`'s own second cannot be told from what was
+/// written before the Ready, and a gate judges only what was written after
+/// it (`saferollout_core::gates::freshness`).
+pub fn reported_after(ready: Timestamp) -> Timestamp {
+    Timestamp::from_second(ready.as_second().saturating_add(1)).unwrap_or(Timestamp::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,5 +61,9 @@ mod tests {
         );
         let fractional = Timestamp::new(100, 999_999_999).unwrap();
         assert_eq!(whole_seconds(fractional), t);
+        // A report comes in the whole second after the Ready, however late
+        // in its second the Ready came.
+        assert_eq!(reported_after(t).as_second(), 101);
+        assert_eq!(reported_after(fractional).as_second(), 101);
     }
 }

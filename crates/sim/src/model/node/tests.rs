@@ -60,6 +60,10 @@ fn node_facts(devices: u64) -> NodeFacts {
         allocatable: BTreeMap::from([("cpu".into(), "1k".into())]),
         sim_owned: BTreeSet::new(),
         not_ready: false,
+        // Most scenarios leave the node's conditions to KWOK; those of the
+        // kubelet's heartbeat set one.
+        has_ready_condition: false,
+        status_written: None,
     }
 }
 
@@ -140,6 +144,9 @@ impl World {
             pod.status = Some(serde_json::from_str(&json).unwrap());
         }
         if let Some(node) = &mut self.node {
+            if let Some(beat) = plan.status_heartbeat {
+                node.status_written = Some(beat);
+            }
             for (resource, entries) in &plan.node_entries {
                 for (map, value) in [
                     (&mut node.capacity, &entries.capacity),
@@ -504,7 +511,11 @@ fn pods_bound_elsewhere_are_ignored() {
 #[test]
 fn dra_driver_publishes_one_slice_and_bumps_generation_on_pod_change() {
     let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
+    // Ready at 0, published in the next second (after the Ready).
     let plan = world.step(0);
+    assert!(plan.slice_applies.is_empty());
+    assert_eq!(plan.next_change, Some(ts(1)));
+    let plan = world.step(1);
     assert_eq!(plan.slice_applies.len(), 1);
     assert_eq!(
         plan.slice_applies[0].metadata.name.as_deref(),
@@ -523,6 +534,7 @@ fn dra_driver_publishes_one_slice_and_bumps_generation_on_pod_change() {
 
     world.pods.push(driver("d2", "driver:v2", 7));
     world.step(7);
+    world.step(8);
     assert_eq!(world.slice_devices(), Some((2, 2)));
 }
 
@@ -535,8 +547,10 @@ fn dra_faults() {
 
     let mut overcount = World::new(2, vec![driver("d1", "driver:v1-overcount", 0)]);
     overcount.step(0);
+    overcount.step(1);
     assert_eq!(overcount.slice_devices(), Some((4, 1)));
 
+    // Never Ready: nothing to publish after.
     let mut unready = World::new(2, vec![driver("d1", "driver:v1-unready", 0)]);
     unready.step(0);
     assert_eq!(unready.slice_devices(), Some((2, 1)));
@@ -545,10 +559,13 @@ fn dra_faults() {
     slow.step(0);
     assert_eq!(slow.slice_devices(), None);
     slow.step(20);
+    assert_eq!(slow.slice_devices(), None);
+    slow.step(21);
     assert_eq!(slow.slice_devices(), Some((2, 1)));
 
     let mut flap = World::new(2, vec![driver("d1", "driver:v1-flap", 0)]);
     flap.step(0);
+    flap.step(1);
     assert_eq!(flap.slice_devices(), Some((2, 1)));
     flap.step(4);
     assert_eq!(flap.slice_devices(), Some((0, 1)));
@@ -564,6 +581,7 @@ fn dra_faults() {
 fn broken_upgrade_of_a_driver_deletes_its_slice() {
     let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
     world.step(0);
+    world.step(1);
     world.delete_pod("d1");
     world.pods.push(driver("d2", "driver:v2-broken", 3));
     world.step(3);
@@ -581,6 +599,7 @@ fn driver_annotation_picks_the_driver_and_sim_restart_keeps_generation() {
     )]));
     let mut world = World::new(1, vec![pod]);
     world.step(0);
+    world.step(1);
     let slice = world.slices[0].clone();
     assert_eq!(
         slice.metadata.name.as_deref(),
@@ -923,6 +942,7 @@ fn drivers_taint_faulty_devices_unless_they_launder_them() {
     let mut world = World::new(4, vec![driver("d1", "driver:v1", 0)]);
     world.node.as_mut().unwrap().faulty = BTreeSet::from([2]);
     world.step(0);
+    world.step(1);
     let tainted = |world: &World| -> Vec<String> {
         world.slices[0]
             .spec
@@ -934,14 +954,19 @@ fn drivers_taint_faulty_devices_unless_they_launder_them() {
             .collect()
     };
     assert_eq!(tainted(&world), ["gpu-2"]);
+    // Each replacement publishes in the second after its Ready.
     world.pods = vec![driver("d2", "driver:v2-cleartaints", 5)];
     world.step(5);
-    assert!(tainted(&world).is_empty());
-    world.pods = vec![driver("d3", "driver:v3-taint", 6)];
+    assert_eq!(tainted(&world), ["gpu-2"], "still the old driver's");
     world.step(6);
-    assert_eq!(tainted(&world), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
-    world.pods = vec![driver("d4", "driver:v4-fewer", 7)];
+    assert!(tainted(&world).is_empty());
+    world.pods = vec![driver("d3", "driver:v3-taint", 7)];
     world.step(7);
+    world.step(8);
+    assert_eq!(tainted(&world), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    world.pods = vec![driver("d4", "driver:v4-fewer", 9)];
+    world.step(9);
+    world.step(10);
     assert_eq!(world.slice_devices(), Some((2, 4)));
 }
 
@@ -954,6 +979,7 @@ fn partitioned_driver_publishes_a_complete_two_slice_pool() {
     )]));
     let mut world = World::new(2, vec![pod]);
     world.step(0);
+    world.step(1);
     assert_eq!(world.slices.len(), 2);
     assert!(
         world
@@ -963,8 +989,8 @@ fn partitioned_driver_publishes_a_complete_two_slice_pool() {
     );
     // The driver goes: every slice of the pool is withdrawn.
     world.pods.clear();
-    world.step(1);
     world.step(2);
+    world.step(3);
     assert!(world.slices.is_empty());
 }
 
@@ -1032,6 +1058,7 @@ fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
 
     world.pods = vec![driver("d3", "driver:v3-dropclaims", 7)];
     world.step(7);
+    world.step(8);
     let devices: Vec<String> = world.slices[0]
         .spec
         .devices
@@ -1068,9 +1095,10 @@ fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
         "{message}"
     );
     // Once the claim is released the device comes back.
+    // (Generation 1: d1 and d2 were replaced before their publications came.)
     world.claims.clear();
-    world.step(8);
-    assert_eq!(world.slice_devices(), Some((4, 3)));
+    world.step(9);
+    assert_eq!(world.slice_devices(), Some((4, 1)));
 }
 
 #[test]
@@ -1135,4 +1163,111 @@ fn agent_logs_are_planned_per_container() {
     assert!(logs.containers["agent"].contains(" stdout F E"), "{logs:?}");
     assert!(logs.containers["agent"].contains("could not load NVML library"));
     assert!(logs.containers["exporter"].contains("exporter started"));
+}
+
+/// A node with a Ready condition whose status KWOK wrote long ago.
+fn with_heartbeat(mut world: World) -> World {
+    let node = world.node.as_mut().unwrap();
+    node.has_ready_condition = true;
+    node.status_written = Some(ts(-100));
+    world
+}
+
+#[test]
+fn a_plugin_is_reported_in_the_second_after_its_pod_became_ready() {
+    // The pod turns Ready at 0.3 s: its devices and the heartbeat are
+    // written together at 1 s, the first status a gate can tell is after
+    // the Ready (API times keep whole seconds).
+    let mut world = with_heartbeat(World::new(4, vec![plugin("p1", "plugin:v1", 0)]));
+    let plan = world.plan_at(ts(0) + jiff::SignedDuration::from_millis(300));
+    world.apply(&plan);
+    assert!(world.pod_ready("p1"));
+    assert_eq!(plan.status_heartbeat, None);
+    assert_eq!(world.entries(GPU), (None, None), "held until the report");
+    assert_eq!(plan.next_change, Some(ts(1)));
+    assert!(
+        world
+            .plan_at(ts(0) + jiff::SignedDuration::from_millis(900))
+            .is_empty()
+    );
+    let plan = world.step(1);
+    assert_eq!(plan.status_heartbeat, Some(ts(1)));
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+    assert!(world.plan(100).is_empty(), "reported once");
+}
+
+#[test]
+fn a_replacement_that_changes_nothing_is_still_reported() {
+    // Replaced within the status delay: allocatable never changes, yet the
+    // node's status is written after the new pod's Ready (as a kubelet's
+    // whose sync saw the old plugin's devices go unhealthy and come back).
+    let mut world = with_heartbeat(World::new(4, vec![plugin("p1", "plugin:v1", 0)]));
+    world.step(0);
+    world.step(1);
+    world.delete_pod("p1");
+    world.pods.push(plugin("p2", "plugin:v2", 10));
+    let plan = world.step(10);
+    assert!(plan.node_entries.is_empty() && plan.status_heartbeat.is_none());
+    let plan = world.step(11);
+    assert!(plan.node_entries.is_empty(), "nothing changed");
+    assert_eq!(plan.status_heartbeat, Some(ts(11)));
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+}
+
+#[test]
+fn a_broken_plugin_shows_its_zero_in_a_status_written_after_its_ready() {
+    let mut world = with_heartbeat(World::new(4, vec![plugin("p1", "plugin:v1", 0)]));
+    world.step(0);
+    world.step(1);
+    world.delete_pod("p1");
+    world.pods.push(plugin("p2", "plugin:v2-broken", 10));
+    world.step(10);
+    assert!(world.pod_ready("p2"));
+    assert_eq!(
+        world.entries(GPU),
+        (Some("4"), Some("4")),
+        "the old plugin's, written before the Ready"
+    );
+    let plan = world.step(11);
+    assert_eq!(plan.status_heartbeat, Some(ts(11)));
+    assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
+}
+
+#[test]
+fn every_status_write_carries_a_heartbeat() {
+    // The old plugin gone: allocatable drops after the status delay, in a
+    // status write stamped like any kubelet's.
+    let mut world = with_heartbeat(World::new(4, vec![plugin("p1", "plugin:v1", 0)]));
+    world.step(0);
+    world.step(1);
+    world.delete_pod("p1");
+    world.step(10);
+    let plan = world.step(11);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("0")));
+    assert_eq!(plan.status_heartbeat, Some(ts(11)));
+}
+
+#[test]
+fn a_report_delay_holds_the_plugins_devices_back_that_much_longer() {
+    // A broken plugin Ready at 10 s whose kubelet reports it 3 s later: the
+    // node shows the old plugin's devices, written before the Ready, until
+    // 14 s (the whole second after 10 s, plus 3 s).
+    let mut world = with_heartbeat(World::new(4, vec![plugin("p1", "plugin:v1", 0)]));
+    world.step(0);
+    world.step(1);
+    world.delete_pod("p1");
+    let mut late = plugin("p2", "plugin:v2-broken", 10);
+    late.metadata.annotations = Some(BTreeMap::from([(
+        REPORT_DELAY_ANNOTATION.into(),
+        "3s".into(),
+    )]));
+    world.pods.push(late);
+    let plan = world.step(10);
+    assert_eq!(plan.next_change, Some(ts(14)));
+    assert!(world.pod_ready("p2"));
+    world.step(13);
+    assert_eq!(world.entries(GPU), (Some("4"), Some("4")));
+    let plan = world.step(14);
+    assert_eq!(plan.status_heartbeat, Some(ts(14)));
+    assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
 }
