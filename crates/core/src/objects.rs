@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerState, Node, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeMap;
@@ -21,8 +22,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube_core::Resource;
 use serde::{Deserialize, Deserializer, Serialize};
-
-use crate::views::{NodeFacts, PodFacts};
 
 /// Facts worked out from the rest of an object the first time a view reads
 /// them, then kept with it. The operator's caches hold each version of a pod
@@ -70,6 +69,34 @@ impl<T> std::fmt::Debug for Derived<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Derived")
     }
+}
+
+/// What a pod's view reads beyond its borrowed names, worked out once per
+/// cached pod by [`crate::views::AgentPod::of`]. Defined here, beside the
+/// objects that keep them, so that objects need nothing of the views.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodFacts {
+    pub(crate) revision: Option<String>,
+    pub(crate) running: bool,
+    /// Which condition says Ready=True, if one does (its time is read from
+    /// the pod: an index keeps the facts as small as they were).
+    pub(crate) ready: Option<u16>,
+    /// Which container waits (the first one that does).
+    pub(crate) waiting: Option<u16>,
+    pub(crate) restarts: i32,
+}
+
+/// What a node's view reads beyond borrowed fields, worked out once per
+/// cached node by [`crate::views::NodeView::of`] (defined here for the same
+/// reason as [`PodFacts`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeFacts {
+    pub(crate) ready: bool,
+    pub(crate) not_ready_since: Option<Timestamp>,
+    /// Which condition is Ready (its heartbeat is read from the node).
+    pub(crate) ready_condition: Option<u16>,
+    pub(crate) rollout: Option<String>,
+    pub(crate) stage: Option<u32>,
 }
 
 /// Reads an object's metadata without its `managedFields`: about 40% of an

@@ -1,6 +1,6 @@
 //! One pass's plan: what is done with a [`Decision`], in which order. The
-//! operator executes it against the API server, and the model
-//! ([`crate::rollout::model`]) executes the same plan against its simulated
+//! operator executes it against the API server, and the model's executor
+//! (`rollout/model/executor.rs`) executes the same plan against its simulated
 //! cluster, losing writes where the fault set says, so the property tests
 //! cover the order (and [`crate::durability`]'s argument for it), not a copy.
 //!

@@ -12,7 +12,7 @@ use saferollout_api::{
     REVISION_HASH_LABEL, ROLLOUT_LABEL, STAGE_LABEL, ZONE_LABEL, quantity_count,
 };
 
-use crate::objects::{Quantities, SlimNode, SlimPod};
+use crate::objects::{NodeFacts, PodFacts, Quantities, SlimNode, SlimPod};
 
 pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 static NO_QUANTITIES: Quantities = Quantities::new();
@@ -47,20 +47,6 @@ pub struct AgentPod<'a> {
     /// period); `None` while it is not being deleted, or when the operator
     /// deleted it moments ago and the cache does not show it yet.
     pub deleted: Option<Timestamp>,
-}
-
-/// What a pod's view reads beyond its borrowed names, worked out once per
-/// cached pod (see [`crate::objects::Derived`]).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct PodFacts {
-    revision: Option<String>,
-    running: bool,
-    /// Which condition says Ready=True, if one does (its time is read from
-    /// the pod: an index keeps the facts as small as they were).
-    ready: Option<u16>,
-    /// Which container waits (the first one that does).
-    waiting: Option<u16>,
-    restarts: i32,
 }
 
 impl PodFacts {
@@ -186,18 +172,6 @@ impl<'a> RolloutLabels<'a> {
             queued: false,
         }
     }
-}
-
-/// What a node's view reads beyond borrowed fields, worked out once per
-/// cached node (see [`crate::objects::Derived`]).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct NodeFacts {
-    ready: bool,
-    not_ready_since: Option<Timestamp>,
-    /// Which condition is Ready (its heartbeat is read from the node).
-    ready_condition: Option<u16>,
-    rollout: Option<String>,
-    stage: Option<u32>,
 }
 
 impl NodeFacts {

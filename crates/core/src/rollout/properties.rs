@@ -1,9 +1,10 @@
-//! Property tests: the state machine against the model (`model.rs`) on random
+//! Property tests: the state machine against the model (`model/`) on random
 //! interleavings of cluster progress, cache lag, lost writes, operator
 //! restarts, nodes going NotReady, leaving and joining, new templates and Git
 //! reverts, with releases that fail at any stage (or never).
 //!
-//! Checked on every step (the model records violations):
+//! Checked on every step (the model's checker, `model/checker.rs`, records
+//! violations):
 //! - at most `maxUnavailable` covered nodes are down because the operator
 //!   deleted their serving agent (nodes whose agent failed a gate excepted);
 //! - no agent is deleted on a node the DaemonSet controller would not refill;
@@ -291,9 +292,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
             m.advance();
         }
         prop_assert!(
-            m.violations.is_empty(),
+            m.checker.violations.is_empty(),
             "{:#?}\ntrace:\n{}\nstatus: {:#?}",
-            m.violations,
+            m.checker.violations,
             m.trace.join("\n"),
             m.status
         );
@@ -306,9 +307,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     m.restart_operator();
     m.run(4000);
     prop_assert!(
-        m.violations.is_empty(),
+        m.checker.violations.is_empty(),
         "{:#?}\ntrace:\n{}",
-        m.violations,
+        m.checker.violations,
         m.trace.join("\n")
     );
     if m.status.phase == Some(Phase::Failed) {

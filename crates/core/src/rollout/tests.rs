@@ -1,4 +1,4 @@
-//! State-machine scenarios against the model (`model.rs`): each one names a
+//! State-machine scenarios against the model (`model/`): each one names a
 //! behaviour and asserts it, and every one also asserts that no safety rule
 //! was broken on the way.
 
@@ -28,9 +28,9 @@ fn degraded_reason(m: &Model) -> Option<String> {
 
 fn no_violations(m: &Model) {
     assert!(
-        m.violations.is_empty(),
+        m.checker.violations.is_empty(),
         "safety rules broken: {:#?}",
-        m.violations
+        m.checker.violations
     );
 }
 
@@ -91,9 +91,9 @@ fn a_healthy_revision_goes_through_every_stage_within_its_size() {
     assert_eq!(sizes, vec![1, 1, 8, 10]);
     for (stage, limit) in [(0, 1), (1, 2), (2, 10), (3, 20)] {
         assert!(
-            m.max_on_target[&stage] <= limit,
+            m.checker.max_on_target[&stage] <= limit,
             "stage {stage}: {} on target",
-            m.max_on_target[&stage]
+            m.checker.max_on_target[&stage]
         );
     }
     assert!(
@@ -192,7 +192,7 @@ fn a_node_reading_no_devices_for_a_moment_holds_a_slot_without_halting_the_stage
 fn label_writes_of_a_rollout(node_lag: usize) -> usize {
     let mut m = settled(6);
     m.spec.stages = Some(stages(&[("2", false), ("100%", false)]));
-    m.label_writes = 0;
+    m.label_writer.writes = 0;
     m.write_revision("v2", Release::Healthy);
     let lag = Lag {
         nodes: node_lag,
@@ -217,7 +217,7 @@ fn label_writes_of_a_rollout(node_lag: usize) -> usize {
         m.trace.join("\n")
     );
     no_violations(&m);
-    m.label_writes
+    m.label_writer.writes
 }
 
 #[test]
@@ -286,7 +286,7 @@ fn a_stage_whose_labels_the_watch_shows_before_their_answers_goes_on() {
     ] {
         let mut m = settled(nodes);
         m.spec.stages = Some(stages(stages_spec));
-        m.label_responses_lag = true;
+        m.label_writer.responses_lag = true;
         m.write_revision("v2", Release::Healthy);
         assert!(
             m.run_woken("v2", 120),
@@ -373,10 +373,10 @@ fn a_broken_release_is_reverted_at_the_canary() {
     assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
     assert_eq!(degraded_reason(&m).as_deref(), Some("AllocatableFailed"));
     assert_eq!(
-        m.touched["v2"].len(),
+        m.checker.touched["v2"].len(),
         1,
         "only the canary got v2: {:?}",
-        m.touched["v2"]
+        m.checker.touched["v2"]
     );
     assert!(m.all_on("v1"));
     assert_eq!(m.cluster.ds.template, "v1");
@@ -415,7 +415,7 @@ fn a_quantity_in_thousands_is_judged_as_a_count() {
     m.write_revision("v2", Release::Broken);
     m.run(200);
     assert_eq!(m.status.blocked_revisions[0].reason, "BelowMinimum");
-    assert_eq!(m.touched["v2"].len(), 1);
+    assert_eq!(m.checker.touched["v2"].len(), 1);
     no_violations(&m);
 }
 
@@ -585,12 +585,12 @@ fn a_blocked_revision_written_again_is_not_rolled() {
     let mut m = settled(4);
     m.write_revision("v2", Release::Broken);
     m.run(200);
-    let touched = m.touched["v2"].clone();
+    let touched = m.checker.touched["v2"].clone();
     // Helm applies the same template again.
     m.write_revision("v2", Release::Broken);
     m.run(50);
     assert_eq!(m.cluster.ds.template, "v1", "restored again");
-    assert_eq!(m.touched["v2"], touched, "no node replaced");
+    assert_eq!(m.checker.touched["v2"], touched, "no node replaced");
     assert_eq!(m.status.blocked_revisions.len(), 1);
     no_violations(&m);
 }
@@ -921,7 +921,7 @@ fn a_replacement_in_flight_when_a_new_revision_starts_holds_its_slot() {
             .any(|p| p.node == emptied && p.revision == "v1" && !p.ready),
         "{emptied} runs a v1 agent, not Ready yet"
     );
-    assert!(m.disrupted.contains(&emptied), "{emptied} is down");
+    assert!(m.checker.disrupted.contains(&emptied), "{emptied} is down");
     // Now the cache shows v3.
     let lag = Lag {
         daemonset: passes + 2,
@@ -1318,8 +1318,12 @@ fn quarantine_keeps_the_new_release_stops_and_taints_the_failed_node() {
         m.cluster.ds.template, "v2",
         "the new release stays on the DaemonSet"
     );
-    let canary = m.touched["v2"].iter().next().unwrap().clone();
-    assert_eq!(m.touched["v2"].len(), 1, "nothing beyond the canary");
+    let canary = m.checker.touched["v2"].iter().next().unwrap().clone();
+    assert_eq!(
+        m.checker.touched["v2"].len(),
+        1,
+        "nothing beyond the canary"
+    );
     assert!(
         m.cluster
             .pods
@@ -1357,7 +1361,7 @@ fn quarantine_keeps_the_new_release_stops_and_taints_the_failed_node() {
         "{:?}",
         &m.actions_log[logged..]
     );
-    assert_eq!(m.touched["v2"].len(), 1);
+    assert_eq!(m.checker.touched["v2"].len(), 1);
     // A fixed release and a retry of the quarantined one: the quarantine is
     // lifted and the fix rolls everywhere.
     m.write_revision("v3", Release::Healthy);
@@ -1465,7 +1469,7 @@ fn a_broken_release_is_caught_by_the_probe_alone_and_no_probe_outlives_its_stage
         "{}",
         canary.probes[0].message
     );
-    assert_eq!(m.touched["v2"].len(), 1, "only the canary got v2");
+    assert_eq!(m.checker.touched["v2"].len(), 1, "only the canary got v2");
     assert!(m.cluster.probes.is_empty(), "{:?}", m.cluster.probes);
     no_violations(&m);
 }
@@ -1716,7 +1720,7 @@ fn a_baseline_is_taken_from_the_restored_agents_report_not_the_reverted_ones() {
         m.status
     );
     assert_eq!(
-        m.touched.get("v3").map(BTreeSet::len),
+        m.checker.touched.get("v3").map(BTreeSet::len),
         Some(1),
         "only the canary got v3"
     );
