@@ -41,7 +41,9 @@ use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use super::RolloutKey;
-use super::caches::{Caches, Cause, Triggers};
+use super::caches::Caches;
+use super::caches::stores::watch_config;
+use super::caches::triggers::{Cause, Triggers};
 use super::freshness::{self, Freshness};
 use crate::metrics::Metrics;
 
@@ -365,7 +367,7 @@ pub fn spawn(
         let (c, t) = (caches.clone(), triggers.clone());
         freshness::reflect(
             Api::<ResourceSlice>::all(client.clone()),
-            super::caches::watch_config(),
+            watch_config(),
             w,
             freshness,
             metrics,
@@ -384,7 +386,7 @@ pub fn spawn(
         let (c, t) = (caches.clone(), triggers.clone());
         freshness::reflect(
             Api::<ResourceClaim>::all(client.clone()),
-            super::caches::watch_config(),
+            watch_config(),
             w,
             freshness,
             metrics,
@@ -409,7 +411,7 @@ pub fn spawn(
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         freshness::reflect(
             api,
-            super::caches::watch_config().labels(ROLLOUT_LABEL),
+            watch_config().labels(ROLLOUT_LABEL),
             w,
             freshness,
             metrics,
@@ -432,7 +434,7 @@ pub fn spawn(
         };
         freshness::reflect(
             api,
-            super::caches::watch_config().labels(PROBE_LABEL),
+            watch_config().labels(PROBE_LABEL),
             w,
             freshness,
             metrics,
@@ -676,8 +678,8 @@ impl NodePods {
     async fn run(self: Arc<Self>, scope: Scope, epoch: u64) {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = match &scope {
-            Scope::Node(n) => super::caches::watch_config().fields(&format!("spec.nodeName={n}")),
-            Scope::Cluster => super::caches::watch_config().fields("spec.nodeName!="),
+            Scope::Node(n) => watch_config().fields(&format!("spec.nodeName={n}")),
+            Scope::Cluster => watch_config().fields("spec.nodeName!="),
         };
         let mut listing: Option<HashMap<String, BTreeMap<String, Arc<Pod>>>> = None;
         let mut stream = std::pin::pin!(watch(api, config).default_backoff());
