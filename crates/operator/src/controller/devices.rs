@@ -41,8 +41,8 @@ use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use super::RolloutKey;
-use super::caches::Caches;
-use super::caches::stores::watch_config;
+// The caches' leaves only, never `Caches`: the caches hold the device caches.
+use super::caches::stores::{NsStores, watch_config};
 use super::caches::triggers::{Cause, Triggers};
 use super::freshness::{self, Freshness};
 use crate::metrics::Metrics;
@@ -346,25 +346,27 @@ pub fn uses_devices(p: &Pod) -> bool {
         })
 }
 
-/// Spawns the device reflectors; their events wake the rollouts they concern.
+/// Spawns the device reflectors; their events wake the rollouts they concern,
+/// found in `rollouts`.
 pub fn spawn(
     client: &Client,
-    caches: &Arc<Caches>,
+    rollouts: &NsStores<SafeRollout>,
     writers: DeviceWriters,
     freshness: &Arc<Freshness>,
     metrics: &Arc<Metrics>,
     triggers: &Arc<Triggers>,
 ) {
-    let send =
-        |caches: &Arc<Caches>, triggers: &Arc<Triggers>, pick: &dyn Fn(&SafeRollout) -> bool| {
-            for sr in caches.every_rollout() {
-                if pick(&sr) {
-                    triggers.send(ObjectRef::from_obj(&*sr), Cause::Device);
-                }
+    let send = |rollouts: &NsStores<SafeRollout>,
+                triggers: &Arc<Triggers>,
+                pick: &dyn Fn(&SafeRollout) -> bool| {
+        for sr in rollouts.every() {
+            if pick(&sr) {
+                triggers.send(ObjectRef::from_obj(&*sr), Cause::Device);
             }
-        };
+        }
+    };
     if let Some(w) = writers.slices {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         freshness::reflect(
             Api::<ResourceSlice>::all(client.clone()),
             watch_config(),
@@ -383,7 +385,7 @@ pub fn spawn(
         );
     }
     if let Some(w) = writers.claims {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         freshness::reflect(
             Api::<ResourceClaim>::all(client.clone()),
             watch_config(),
@@ -407,7 +409,7 @@ pub fn spawn(
         );
     }
     if let Some((w, ar)) = writers.rules {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         freshness::reflect(
             api,
@@ -427,7 +429,7 @@ pub fn spawn(
         );
     }
     for (ns, w) in writers.probes {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         let api: Api<Pod> = match &ns {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),

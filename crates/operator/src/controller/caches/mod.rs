@@ -27,7 +27,7 @@ use saferollout_api::{REVISION_HASH_LABEL, ROLLOUT_LABEL, SafeRollout};
 use saferollout_core::objects::{SlimNode, SlimPod};
 
 use self::router::Router;
-use self::stores::{NsStores, SortedNodes, add_store, api, ns_stores, watch_config};
+use self::stores::{NsStores, SortedNodes, TemplateCache, add_store, api, ns_stores, watch_config};
 use self::triggers::Triggers;
 use self::wakes::{DaemonSetMemo, NodeMemo};
 use super::freshness::{self, Freshness};
@@ -56,7 +56,7 @@ pub struct Caches {
     /// The same nodes sorted by name, kept between node changes.
     sorted_nodes: SortedNodes,
     /// Parsed templates of the ControllerRevisions (forgotten when one goes).
-    pub templates: super::snapshot::TemplateCache,
+    pub templates: TemplateCache,
     /// What the device gates read (slices, claims, probes, quarantine
     /// rules, the workload pods of held nodes).
     pub devices: super::devices::DeviceCaches,
@@ -107,7 +107,7 @@ impl Caches {
 
     /// Every SafeRollout.
     pub fn every_rollout(&self) -> Vec<Arc<SafeRollout>> {
-        self.rollouts.stores().flat_map(|s| s.state()).collect()
+        self.rollouts.every()
     }
 
     /// Resolves once every cache has been listed. Any number of tasks may
@@ -290,7 +290,7 @@ pub fn start(
     }
     super::devices::spawn(
         client,
-        &caches,
+        &caches.rollouts,
         device_writers,
         freshness,
         metrics,

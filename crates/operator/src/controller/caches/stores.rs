@@ -1,7 +1,8 @@
 //! The stores and their plumbing: one store per watched namespace
 //! ([`NsStores`]), how every reflector gets its initial state
-//! ([`InitialList`]), and the node store sorted by name, kept between passes
-//! ([`SortedNodes`]).
+//! ([`InitialList`]), and what is derived from a store and kept between
+//! passes: the nodes sorted by name ([`SortedNodes`]), the ControllerRevisions'
+//! templates parsed ([`TemplateCache`]).
 //!
 //! A leaf: it knows nothing of what the stores' events wake.
 
@@ -9,13 +10,18 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use saferollout_core::objects::SlimNode;
+use saferollout_core::revision::{content_hash, revision_template, revision_template_json};
 
 /// Stores of one namespaced resource: one per watched namespace, or one for all.
+/// A clone reads the same stores.
+#[derive(Clone)]
 pub struct NsStores<K: Resource + 'static>
 where
     K::DynamicType: Eq + Hash + Clone,
@@ -38,6 +44,11 @@ where
 
     pub fn stores(&self) -> impl Iterator<Item = &Store<K>> {
         self.all.iter().chain(self.by_namespace.values())
+    }
+
+    /// The objects of every watched namespace.
+    pub fn every(&self) -> Vec<Arc<K>> {
+        self.stores().flat_map(|s| s.state()).collect()
     }
 
     /// The objects of `namespace`.
@@ -145,6 +156,39 @@ impl SortedNodes {
             s.list = Some((generation, nodes.clone()));
         }
         nodes
+    }
+}
+
+/// Parsed ControllerRevision templates and their content hashes, by UID
+/// and resource version: a revision's data never changes, so each is
+/// parsed and hashed once.
+#[derive(Default)]
+pub struct TemplateCache(Mutex<HashMap<String, CachedTemplate>>);
+
+/// A revision's resource version, its parsed template and content hash.
+type CachedTemplate = (String, Arc<PodTemplateSpec>, String);
+
+impl TemplateCache {
+    /// The template `cr` holds, parsed, and its content hash (`None`: it
+    /// holds none that parses).
+    pub fn get(&self, cr: &ControllerRevision) -> Option<(Arc<PodTemplateSpec>, String)> {
+        let uid = cr.metadata.uid.clone().unwrap_or_default();
+        let rv = cr.metadata.resource_version.clone().unwrap_or_default();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((cached_rv, t, hash)) = map.get(&uid)
+            && *cached_rv == rv
+        {
+            return Some((t.clone(), hash.clone()));
+        }
+        let t = Arc::new(revision_template(cr)?);
+        let hash = content_hash(&revision_template_json(cr)?);
+        map.insert(uid, (rv, t.clone(), hash.clone()));
+        Some((t, hash))
+    }
+
+    /// Forgets a revision that is gone.
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
 }
 
