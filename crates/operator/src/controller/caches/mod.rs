@@ -22,7 +22,8 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::{Client, ResourceExt};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
 use saferollout_api::{REVISION_HASH_LABEL, ROLLOUT_LABEL, SafeRollout};
 use saferollout_core::objects::{SlimNode, SlimPod};
 
@@ -238,56 +239,56 @@ pub fn start(
         triggers: triggers.clone(),
         merged,
     };
-    for (ns, w) in writers.rollouts {
-        let r = route.clone();
-        freshness::reflect(
-            api(client, ns),
-            watch_config(),
-            w,
-            freshness,
-            metrics,
-            prune::rollout,
-            move |ev| r.rollout_event(ev),
-        );
-    }
-    for (ns, w) in writers.daemonsets {
-        let r = route.clone();
-        let mut fingerprints: HashMap<String, DaemonSetMemo> = HashMap::new();
-        freshness::reflect(
-            api(client, ns),
-            watch_config(),
-            w,
-            freshness,
-            metrics,
-            |d: &mut DaemonSet| prune::meta(&mut d.metadata),
-            move |ev| r.daemonset_event(ev, &mut fingerprints),
-        );
-    }
-    for (ns, w) in writers.pods {
-        let r = route.clone();
-        let mut fingerprints: HashMap<String, u64> = HashMap::new();
-        freshness::reflect(
-            api(client, ns),
-            pods_config(),
-            w,
-            freshness,
-            metrics,
-            prune::pod,
-            move |ev| r.pod_event(ev, &mut fingerprints),
-        );
-    }
-    for (ns, w) in writers.revisions {
-        let r = route.clone();
-        freshness::reflect(
-            api(client, ns),
-            watch_config(),
-            w,
-            freshness,
-            metrics,
-            |c: &mut ControllerRevision| prune::meta(&mut c.metadata),
-            move |ev| r.revision_event(ev),
-        );
-    }
+    reflect_each(
+        client,
+        writers.rollouts,
+        watch_config,
+        freshness,
+        metrics,
+        prune::rollout,
+        || {
+            let r = route.clone();
+            move |ev: &Event<SafeRollout>| r.rollout_event(ev)
+        },
+    );
+    reflect_each(
+        client,
+        writers.daemonsets,
+        watch_config,
+        freshness,
+        metrics,
+        |d: &mut DaemonSet| prune::meta(&mut d.metadata),
+        || {
+            let r = route.clone();
+            let mut fingerprints: HashMap<String, DaemonSetMemo> = HashMap::new();
+            move |ev: &Event<DaemonSet>| r.daemonset_event(ev, &mut fingerprints)
+        },
+    );
+    reflect_each(
+        client,
+        writers.pods,
+        pods_config,
+        freshness,
+        metrics,
+        prune::pod,
+        || {
+            let r = route.clone();
+            let mut fingerprints: HashMap<String, u64> = HashMap::new();
+            move |ev: &Event<SlimPod>| r.pod_event(ev, &mut fingerprints)
+        },
+    );
+    reflect_each(
+        client,
+        writers.revisions,
+        watch_config,
+        freshness,
+        metrics,
+        |c: &mut ControllerRevision| prune::meta(&mut c.metadata),
+        || {
+            let r = route.clone();
+            move |ev: &Event<ControllerRevision>| r.revision_event(ev)
+        },
+    );
     super::devices::spawn(
         client,
         &caches.rollouts,
@@ -296,18 +297,18 @@ pub fn start(
         metrics,
         triggers,
     );
-    for (ns, w) in writers.probe_pods {
-        let r = route.clone();
-        freshness::reflect(
-            api(client, ns),
-            watch_config().labels(saferollout_api::PROBE_REVISION_LABEL),
-            w,
-            freshness,
-            metrics,
-            prune::probe_pod,
-            move |ev| r.probe_pod_event(ev),
-        );
-    }
+    reflect_each(
+        client,
+        writers.probe_pods,
+        || watch_config().labels(saferollout_api::PROBE_REVISION_LABEL),
+        freshness,
+        metrics,
+        prune::probe_pod,
+        || {
+            let r = route.clone();
+            move |ev: &Event<Pod>| r.probe_pod_event(ev)
+        },
+    );
     let r = route.clone();
     let mut memos: HashMap<String, NodeMemo> = HashMap::new();
     freshness::reflect(
@@ -320,6 +321,40 @@ pub fn start(
         move |ev| r.node_event(ev, &mut memos),
     );
     caches
+}
+
+/// Spawns a reflector for each watched namespace's (or the one cluster-wide)
+/// store of a namespaced resource; `on_event` makes each its own handler
+/// (with its own memo of what it has seen).
+fn reflect_each<K, H>(
+    client: &Client,
+    writers: Vec<(Option<&str>, reflector::store::Writer<K>)>,
+    config: impl Fn() -> watcher::Config,
+    freshness: &Arc<Freshness>,
+    metrics: &Arc<Metrics>,
+    prune: impl Fn(&mut K) + Clone + Send + 'static,
+    on_event: impl Fn() -> H,
+) where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    H: FnMut(&Event<K>) + Send + 'static,
+{
+    for (ns, w) in writers {
+        freshness::reflect(
+            api(client, ns),
+            config(),
+            w,
+            freshness,
+            metrics,
+            prune.clone(),
+            on_event(),
+        );
+    }
 }
 
 #[derive(Default)]
