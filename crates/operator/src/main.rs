@@ -115,8 +115,8 @@ struct Args {
     /// How the caches get their initial state: `paged` (paginated LISTs,
     /// then watches) or `stream` (streaming lists, Kubernetes WatchList: one
     /// watch per cache that sends the current objects first).
-    #[arg(long, env = "SAFEROLLOUT_INITIAL_LIST", value_enum, default_value_t = controller::caches::InitialList::default())]
-    initial_list: controller::caches::InitialList,
+    #[arg(long, env = "SAFEROLLOUT_INITIAL_LIST", value_enum, default_value_t = controller::caches::stores::InitialList::default())]
+    initial_list: controller::caches::stores::InitialList,
 }
 
 /// `NAME=URL`: a Secret and a base URL it may be sent to.
@@ -181,7 +181,7 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    controller::caches::set_initial_list(args.initial_list);
+    controller::caches::stores::set_initial_list(args.initial_list);
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
     if args.log_json {

@@ -143,7 +143,7 @@ pub struct Metrics {
     /// `--watch-stale-after` (see `controller::freshness`).
     pub watch_stale: Family<StoreLabels, Gauge>,
     /// Reconcile requests sent to the work queue, by what sent them (see
-    /// `controller::caches::Cause`); requests for a rollout already queued
+    /// `controller::caches::triggers::Cause`); requests for a rollout already queued
     /// merge into one reconcile, so these count at least the reconciles.
     pub wakes: Family<CauseLabels, Counter>,
     pub leader: Gauge,

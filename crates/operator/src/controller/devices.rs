@@ -41,7 +41,9 @@ use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 use super::RolloutKey;
-use super::caches::{Caches, Cause, Triggers};
+// The caches' leaves only, never `Caches`: the caches hold the device caches.
+use super::caches::stores::{NsStores, watch_config};
+use super::caches::triggers::{Cause, Triggers};
 use super::freshness::{self, Freshness};
 use crate::metrics::Metrics;
 
@@ -344,28 +346,30 @@ pub fn uses_devices(p: &Pod) -> bool {
         })
 }
 
-/// Spawns the device reflectors; their events wake the rollouts they concern.
+/// Spawns the device reflectors; their events wake the rollouts they concern,
+/// found in `rollouts`.
 pub fn spawn(
     client: &Client,
-    caches: &Arc<Caches>,
+    rollouts: &NsStores<SafeRollout>,
     writers: DeviceWriters,
     freshness: &Arc<Freshness>,
     metrics: &Arc<Metrics>,
     triggers: &Arc<Triggers>,
 ) {
-    let send =
-        |caches: &Arc<Caches>, triggers: &Arc<Triggers>, pick: &dyn Fn(&SafeRollout) -> bool| {
-            for sr in caches.every_rollout() {
-                if pick(&sr) {
-                    triggers.send(ObjectRef::from_obj(&*sr), Cause::Device);
-                }
+    let send = |rollouts: &NsStores<SafeRollout>,
+                triggers: &Arc<Triggers>,
+                pick: &dyn Fn(&SafeRollout) -> bool| {
+        for sr in rollouts.every() {
+            if pick(&sr) {
+                triggers.send(ObjectRef::from_obj(&*sr), Cause::Device);
             }
-        };
+        }
+    };
     if let Some(w) = writers.slices {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         freshness::reflect(
             Api::<ResourceSlice>::all(client.clone()),
-            super::caches::watch_config(),
+            watch_config(),
             w,
             freshness,
             metrics,
@@ -381,10 +385,10 @@ pub fn spawn(
         );
     }
     if let Some(w) = writers.claims {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         freshness::reflect(
             Api::<ResourceClaim>::all(client.clone()),
-            super::caches::watch_config(),
+            watch_config(),
             w,
             freshness,
             metrics,
@@ -405,11 +409,11 @@ pub fn spawn(
         );
     }
     if let Some((w, ar)) = writers.rules {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         freshness::reflect(
             api,
-            super::caches::watch_config().labels(ROLLOUT_LABEL),
+            watch_config().labels(ROLLOUT_LABEL),
             w,
             freshness,
             metrics,
@@ -425,14 +429,14 @@ pub fn spawn(
         );
     }
     for (ns, w) in writers.probes {
-        let (c, t) = (caches.clone(), triggers.clone());
+        let (c, t) = (rollouts.clone(), triggers.clone());
         let api: Api<Pod> = match &ns {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
         freshness::reflect(
             api,
-            super::caches::watch_config().labels(PROBE_LABEL),
+            watch_config().labels(PROBE_LABEL),
             w,
             freshness,
             metrics,
@@ -676,8 +680,8 @@ impl NodePods {
     async fn run(self: Arc<Self>, scope: Scope, epoch: u64) {
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = match &scope {
-            Scope::Node(n) => super::caches::watch_config().fields(&format!("spec.nodeName={n}")),
-            Scope::Cluster => super::caches::watch_config().fields("spec.nodeName!="),
+            Scope::Node(n) => watch_config().fields(&format!("spec.nodeName={n}")),
+            Scope::Cluster => watch_config().fields("spec.nodeName!="),
         };
         let mut listing: Option<HashMap<String, BTreeMap<String, Arc<Pod>>>> = None;
         let mut stream = std::pin::pin!(watch(api, config).default_backoff());

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::caches::{Cause, Triggers};
+use super::caches::triggers::{Cause, Triggers};
 use super::{Memories, RolloutKey, with_memory, writing};
 use crate::leader::Fence;
 

@@ -47,7 +47,8 @@ use tracing::{info, warn};
 
 use crate::leader::Fence;
 use crate::metrics::Metrics;
-use caches::{Caches, Cause, Triggers};
+use caches::Caches;
+use caches::triggers::{Cause, Triggers};
 pub use error::{Error, Result};
 use snapshot::Extras;
 

@@ -544,7 +544,7 @@ fn measurements(
                     ctx.memory(&key, |mem| mem.proof.measured.insert(name, (of, m)));
                     ctx.triggers.send(
                         kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
-                        super::caches::Cause::Measurement,
+                        super::caches::triggers::Cause::Measurement,
                     );
                 })
             };

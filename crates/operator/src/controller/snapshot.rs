@@ -2,8 +2,7 @@
 //! the caches (no API call but the rare ones marked), then handed to the pure
 //! decision as borrowed views.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
@@ -18,7 +17,6 @@ use saferollout_core::expectations::Expectations;
 use saferollout_core::objects::{SlimNode, SlimPod};
 use saferollout_core::revision::{
     RevisionTemplate, backup_template_json, content_hash, current_revision, revision_hash,
-    revision_template, revision_template_json,
 };
 use saferollout_core::rollout::{BackupView, Decision, Observed, Requests, SpecTemplate};
 use saferollout_core::views::{
@@ -45,37 +43,6 @@ pub struct World {
     pub owned_by_other: Option<String>,
     /// What the device gates read.
     pub devices: super::devices::DeviceWorld,
-}
-
-/// Parsed ControllerRevision templates and their content hashes, by UID
-/// and resource version: a revision's data never changes, so each is
-/// parsed and hashed once.
-#[derive(Default)]
-pub struct TemplateCache(Mutex<HashMap<String, CachedTemplate>>);
-
-/// A revision's resource version, its parsed template and content hash.
-type CachedTemplate = (String, Arc<PodTemplateSpec>, String);
-
-impl TemplateCache {
-    fn get(&self, cr: &ControllerRevision) -> Option<(Arc<PodTemplateSpec>, String)> {
-        let uid = cr.metadata.uid.clone().unwrap_or_default();
-        let rv = cr.metadata.resource_version.clone().unwrap_or_default();
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((cached_rv, t, hash)) = map.get(&uid)
-            && *cached_rv == rv
-        {
-            return Some((t.clone(), hash.clone()));
-        }
-        let t = Arc::new(revision_template(cr)?);
-        let hash = content_hash(&revision_template_json(cr)?);
-        map.insert(uid, (rv, t.clone(), hash.clone()));
-        Some((t, hash))
-    }
-
-    /// Forgets a revision that is gone.
-    pub fn forget(&self, uid: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
-    }
 }
 
 impl World {

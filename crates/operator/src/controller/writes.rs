@@ -37,7 +37,7 @@ use saferollout_core::rollout::{Action, PodRef};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::caches::Cause;
+use super::caches::triggers::Cause;
 use super::error::{Error, Result};
 use super::snapshot::{World, backup_name};
 pub use super::writing::{API_WRITES_IN_FLIGHT, WriteSlots};
