@@ -133,7 +133,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let results: Results = serde_json::from_slice(
             &std::fs::read(dir.join("results.json")).context("reading results.json")?,
         )?;
-        let name = report::write(dir, &results)?;
+        let name = write_report(dir, &results)?;
         eprintln!("bench: wrote {}", dir.join(name).display());
         return Ok(());
     }
@@ -205,7 +205,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             out.join("results.json"),
             serde_json::to_vec_pretty(&results)?,
         )?;
-        let name = report::write(&out, &results)?;
+        let name = write_report(&out, &results)?;
         eprintln!("bench: wrote {}", out.join(name).display());
     }
     eprintln!("bench: operator logs in {}", log_dir.display());
@@ -409,6 +409,17 @@ fn git_commit() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// Writes `<date>.md` and its PNGs into `dir`; returns the report's file
+/// name. Here, not in `report`, so the report's text and the plots (which
+/// read the report's selections of runs) do not import each other.
+fn write_report(dir: &std::path::Path, r: &Results) -> anyhow::Result<String> {
+    let date = report::date(r);
+    let pngs = plots::draw(dir, &date, r)?;
+    let name = format!("{date}.md");
+    std::fs::write(dir.join(&name), report::markdown(r, &pngs))?;
+    Ok(name)
 }
 
 #[cfg(test)]

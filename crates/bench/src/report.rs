@@ -1,9 +1,7 @@
 //! The Markdown report of a run, with its plots, made from [`Results`].
 
 use std::fmt::Write as _;
-use std::path::Path;
 
-use crate::plots;
 use crate::results::{OperatorRun, Results, RolloutRun, SizeResult};
 
 /// The report's date (UTC), which also names its files.
@@ -13,7 +11,6 @@ pub fn date(r: &Results) -> String {
         .unwrap_or_else(|| "undated".into())
 }
 
-/// Writes `<date>.md` and its PNGs into `dir`; returns the report's file name.
 /// `, agents start in N s` for the targets' rows when the overhead runs'
 /// agents took time to start (`--agent-start-secs`), else nothing.
 fn agents_start(r: &Results) -> String {
@@ -22,14 +19,6 @@ fn agents_start(r: &Results) -> String {
     } else {
         String::new()
     }
-}
-
-pub fn write(dir: &Path, r: &Results) -> anyhow::Result<String> {
-    let date = date(r);
-    let pngs = plots::draw(dir, &date, r)?;
-    let name = format!("{date}.md");
-    std::fs::write(dir.join(&name), markdown(r, &pngs))?;
-    Ok(name)
 }
 
 fn f1(v: f64) -> String {
