@@ -411,7 +411,8 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     let (decision, nodes) = decide(sr, ctx, key, status, &world, &gathered);
     let decided = pass_started.elapsed();
     let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
-    let plan = saferollout_core::pass::plan(sr.status.as_ref(), decision, since_last_write);
+    let plan =
+        saferollout_core::pass::plan(&sr.spec, sr.status.as_ref(), decision, since_last_write);
     if let Some(since) = plan.refresh_caches_heard_before {
         let asked = ctx.caches.refresh_for(sr, since);
         tracing::debug!(namespace = %key.0, name = %key.1, %since, asked, "a deadline is due on caches that heard nothing since it passed: listing them again");
@@ -420,7 +421,7 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     ctx.caches
         .devices
         .node_pods
-        .set_wants(key, devices::pods_wanted(sr, &plan.status));
+        .set_wants(key, plan.watch_pods_on.clone());
     let changes = write_planned_status(sr, ctx, key, status, &plan, nodes).await?;
     let template_value = gathered.spec_template.as_ref().map(|(v, _, _)| v);
     let executed = Executed {
