@@ -15,9 +15,12 @@
 //! - [`gates`]: the health gates; [`devices`]: what the device gates observe.
 //! - [`limits`]: what the operator's administrator lets a SafeRollout ask for.
 //! - [`rollout`]: the state machine: status and actions from a snapshot.
-//! - [`pass`]: what a pass does with a decision, in order (the status write
-//!   before, behind or after its actions; Events last): run by the operator
-//!   and by the model alike.
+//! - [`pass`]: one pass: what it must read beyond the caches before it
+//!   decides ([`pass::needs`]: a dry run, preflight, probe pods, agent logs,
+//!   due Prometheus queries), then what it does with the decision, in order
+//!   ([`pass::plan`]: the status write before, behind or after its actions;
+//!   Events last; the nodes whose workload pods to watch): run by the
+//!   operator, the plan by the model too.
 //! - [`expectations`]: the operator's own writes its caches do not show yet.
 //! - [`conditions`]: kstatus-compatible conditions.
 //! - [`preflight`]: the cluster-side preflight checks and when they run.

@@ -35,7 +35,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Client, ResourceExt};
-use saferollout_api::{PROBE_LABEL, ROLLOUT_LABEL, SafeRollout, SafeRolloutStatus, StageState};
+use saferollout_api::{PROBE_LABEL, ROLLOUT_LABEL, SafeRollout, SafeRolloutStatus};
 use saferollout_core::devices::{DeviceEvidence, claim_node};
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
@@ -476,24 +476,6 @@ pub fn held_nodes(status: Option<&SafeRolloutStatus>) -> BTreeSet<&str> {
         .iter()
         .filter(|s| s.index <= current)
         .flat_map(|s| s.nodes.iter().map(String::as_str))
-        .collect()
-}
-
-/// The nodes whose workload pods a rollout needs watched: those it holds
-/// while a stage is under way, when it has a deviceHealth or claims gate.
-pub fn pods_wanted(sr: &SafeRollout, status: &SafeRolloutStatus) -> BTreeSet<String> {
-    let gates = sr.spec.gates.as_ref();
-    let needs = gates.is_some_and(|g| g.device_health.is_some() || g.claims.is_some());
-    let under_way = status
-        .current_stage
-        .and_then(|i| status.stage(i))
-        .is_some_and(|s| !matches!(s.state, StageState::Passed | StageState::Failed));
-    if !needs || !under_way {
-        return BTreeSet::new();
-    }
-    held_nodes(Some(status))
-        .into_iter()
-        .map(str::to_string)
         .collect()
 }
 
@@ -970,25 +952,5 @@ mod tests {
         assert!(uses_devices(&p), "what the filter reads is kept");
         assert!(text.contains("allocatedResourcesStatus"), "{text}");
         assert!(!text.contains("\"cpu\""), "{text}");
-    }
-
-    #[test]
-    fn rollouts_want_their_held_nodes_while_a_stage_is_under_way() {
-        let mut sr: SafeRollout = serde_json::from_value(json!({
-            "apiVersion": "saferollout.dev/v1alpha1", "kind": "SafeRollout",
-            "metadata": {"name": "sr", "namespace": "ns"},
-            "spec": {"targetRef": {"name": "d"}, "gates": {"deviceHealth": {"driver": "gpu.example.com"}}}
-        }))
-        .unwrap();
-        let status: SafeRolloutStatus = serde_json::from_value(json!({
-            "currentStage": 1,
-            "stages": [{"index": 0, "nodes": ["a"], "state": "Passed"},
-                       {"index": 1, "nodes": ["b", "c"], "state": "Replacing"}]
-        }))
-        .unwrap();
-        let want: Vec<String> = pods_wanted(&sr, &status).into_iter().collect();
-        assert_eq!(want, ["a", "b", "c"]);
-        sr.spec.gates = None;
-        assert!(pods_wanted(&sr, &status).is_empty(), "no gate reads pods");
     }
 }

@@ -40,6 +40,7 @@ use kube::{Client, ResourceExt};
 use saferollout_api::{FINALIZER, Phase, SafeRollout, SafeRolloutStatus};
 use saferollout_core::expectations::Expectations;
 use saferollout_core::limits::AdminLimits;
+use saferollout_core::pass::needs::{DryRunOf, Known, Needs, Target, Template};
 use saferollout_core::rollout::{Action, SpecTemplate, set_stalled};
 use saferollout_core::transitions;
 use sha2::{Digest, Sha256};
@@ -65,9 +66,9 @@ pub struct RolloutMemory {
     /// for the next write within `PROGRESS_WRITE_INTERVAL` of it).
     pub status_written_at: Option<Instant>,
     pub expectations: Expectations,
-    /// DaemonSet (uid, generation) and spec.template hash a dry run was made
-    /// for, and its answer.
-    pub in_place: Option<((String, i64, String), bool)>,
+    /// What the last dry run of spec.template was of (the DaemonSet's uid
+    /// and generation, the template's hash), and its answer.
+    pub in_place: Option<(DryRunOf, bool)>,
     /// What the probe, logs and prometheus gates read last.
     pub proof: proof::Memory,
     /// (UID, resource version) of the cached object our finalizer was added
@@ -339,43 +340,26 @@ pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> R
     error.requeue()
 }
 
-/// `spec.template` validated (the inner error), and whether the DaemonSet
-/// already carries it; the outer error: the API server did not say.
-async fn spec_template_state(
+/// `spec.template`, its hash and whether the DaemonSet carries it, as
+/// `needs` says (a dry run, remembered, when it takes one); the error: the
+/// API server did not say. (An unusable template is reported before.)
+async fn spec_template(
     sr: &SafeRollout,
     ctx: &Context,
     key: &RolloutKey,
     world: &snapshot::World,
-) -> Result<std::result::Result<Option<(serde_json::Value, String, bool)>, String>> {
-    Ok(match sr.spec.typed_template() {
-        Err(e) => Err(format!("spec.template is not a valid pod template: {e}")),
-        Ok(None) => Ok(None),
-        Ok(Some(_)) => {
-            let value = sr.spec.template.clone().unwrap_or_default();
-            let hash = saferollout_core::revision::template_hash(&value);
-            let Some(ds) = &world.ds else {
-                return Ok(Ok(Some((value, hash, false))));
-            };
-            let asked = (
-                ds.metadata.uid.clone().unwrap_or_default(),
-                ds.metadata.generation.unwrap_or_default(),
-                hash.clone(),
-            );
-            let cached = ctx.memory(key, |m| {
-                m.in_place
-                    .clone()
-                    .filter(|(k, _)| *k == asked)
-                    .map(|(_, v)| v)
-            });
-            let in_place = match cached {
-                Some(v) => v,
-                None => {
-                    let v = writes::template_in_place(ctx, ds, &value).await?;
-                    ctx.memory(key, |m| m.in_place = Some((asked, v)));
-                    v
-                }
-            };
-            Ok(Some((value, hash, in_place)))
+    template: Template,
+) -> Result<Option<(serde_json::Value, String, bool)>> {
+    let value = || sr.spec.template.clone().unwrap_or_default();
+    Ok(match (template, &world.ds) {
+        (Template::None | Template::Invalid(_), _) => None,
+        (Template::Known { hash, in_place }, _) => Some((value(), hash, in_place)),
+        // The DaemonSet was there when `needs` was worked out.
+        (Template::DryRun { hash, .. }, None) => Some((value(), hash, false)),
+        (Template::DryRun { hash, of }, Some(ds)) => {
+            let v = writes::template_in_place(ctx, ds, &value()).await?;
+            ctx.memory(key, |m| m.in_place = Some((of, v)));
+            Some((value(), hash, v))
         }
     })
 }
@@ -411,7 +395,8 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     let (decision, nodes) = decide(sr, ctx, key, status, &world, &gathered);
     let decided = pass_started.elapsed();
     let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
-    let plan = saferollout_core::pass::plan(sr.status.as_ref(), decision, since_last_write);
+    let plan =
+        saferollout_core::pass::plan(&sr.spec, sr.status.as_ref(), decision, since_last_write);
     if let Some(since) = plan.refresh_caches_heard_before {
         let asked = ctx.caches.refresh_for(sr, since);
         tracing::debug!(namespace = %key.0, name = %key.1, %since, asked, "a deadline is due on caches that heard nothing since it passed: listing them again");
@@ -420,7 +405,7 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     ctx.caches
         .devices
         .node_pods
-        .set_wants(key, devices::pods_wanted(sr, &plan.status));
+        .set_wants(key, plan.watch_pods_on.clone());
     let changes = write_planned_status(sr, ctx, key, status, &plan, nodes).await?;
     let template_value = gathered.spec_template.as_ref().map(|(v, _, _)| v);
     let executed = Executed {
@@ -474,11 +459,11 @@ struct Gathered {
     now: Timestamp,
 }
 
-/// Reads the evidence (a dry run, preflight, the proof gates' reads), then
-/// the caches again. Those reads can take seconds: decisions are made on
-/// the caches as they are after them, so deletions act on current
-/// readiness, not on what it was before. The gates still judge at the
-/// instant the evidence was read: a later one could close a window the
+/// Reads the evidence `needs` says (a dry run, preflight, the proof gates'
+/// reads), then the caches again. Those reads can take seconds: decisions
+/// are made on the caches as they are after them, so deletions act on
+/// current readiness, not on what it was before. The gates still judge at
+/// the instant the evidence was read: a later one could close a window the
 /// reads did not cover. Evidence is keyed by pod UID and gate, so a pod
 /// replaced meanwhile has none. A DaemonSet that changed meanwhile
 /// invalidates what was read of it: `Err`, decide again. An unusable
@@ -491,16 +476,18 @@ async fn gather(
     world: snapshot::World,
 ) -> Result<std::result::Result<(Gathered, snapshot::World), Requeue>> {
     let now = Timestamp::now();
-    let spec_template = match spec_template_state(sr, ctx, key, &world).await? {
-        Ok(t) => t,
-        Err(msg) => {
-            return report_invalid_template(sr, ctx, key, status, msg, now)
-                .await
-                .map(Err);
-        }
+    let needs = needs(sr, ctx, key, status, &world, now);
+    if let Template::Invalid(msg) = needs.template {
+        return report_invalid_template(sr, ctx, key, status, msg, now)
+            .await
+            .map(Err);
+    }
+    let spec_template = spec_template(sr, ctx, key, &world, needs.template.clone()).await?;
+    let preflight = match &needs.preflight {
+        Some(revision) => run_preflight(sr, ctx, &world, revision).await,
+        None => None,
     };
-    let preflight = run_preflight(sr, ctx, &world, status).await;
-    let proof = proof::gather(sr, ctx, key, status, &world, now).await;
+    let proof = proof::gather(sr, ctx, key, &needs, now).await;
     let read_on = daemonset_version(&world);
     let world = snapshot::dereference(sr, &ctx.caches);
     if daemonset_version(&world) != read_on {
@@ -515,6 +502,41 @@ async fn gather(
         },
         world,
     )))
+}
+
+/// What this pass must read beyond the caches
+/// (`saferollout_core::pass::needs`), from the caches and what earlier
+/// reads left.
+fn needs(
+    sr: &SafeRollout,
+    ctx: &Context,
+    key: &RolloutKey,
+    status: &SafeRolloutStatus,
+    world: &snapshot::World,
+    now: Timestamp,
+) -> Needs {
+    let probe_pods_exist = !ctx
+        .caches
+        .probe_pods_of(&key.0, &ctx.rollout_id(key))
+        .is_empty();
+    let daemonset = world.ds.as_ref().map(|d| Target {
+        uid: d.metadata.uid.as_deref().unwrap_or_default(),
+        generation: d.metadata.generation.unwrap_or_default(),
+        current_revision: world.current_revision(),
+    });
+    ctx.memory(key, |m| {
+        let mut remembered = m.proof.remembered(&sr.spec);
+        remembered.dry_run = m.in_place.as_ref();
+        saferollout_core::pass::needs(&Known {
+            spec: &sr.spec,
+            status,
+            now,
+            daemonset,
+            pods: world.pods(),
+            probe_pods_exist,
+            remembered,
+        })
+    })
 }
 
 /// Decides on `world` and what was `gathered`, with the caches' word on
@@ -747,20 +769,16 @@ async fn report_invalid_template(
     Ok(Requeue::await_change())
 }
 
-/// Preflight for the DaemonSet's current revision when a rollout of it is
-/// about to start (see `saferollout_core::preflight::needed`).
+/// Preflight for `revision`, the DaemonSet's current one, when `needs`
+/// says (a rollout of it is about to start).
 async fn run_preflight(
     sr: &SafeRollout,
     ctx: &Context,
     world: &snapshot::World,
-    status: &SafeRolloutStatus,
+    revision: &str,
 ) -> Option<saferollout_api::PreflightStatus> {
     use saferollout_core::preflight;
     let ds = world.ds.as_ref()?;
-    let current = world.current_revision()?;
-    if !preflight::needed(&sr.spec, status, current) {
-        return None;
-    }
     // The namespace's Pod Security level decides whether the agent can start at all.
     let ns = ds.namespace().unwrap_or_default();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
@@ -782,7 +800,7 @@ async fn run_preflight(
         .map(|g| g.resource.clone())
         .collect();
     Some(preflight::check(
-        current,
+        revision,
         ds,
         &saferollout_core::views::pods_by_node(pods),
         &nodes,

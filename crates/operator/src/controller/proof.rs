@@ -1,5 +1,7 @@
-//! The runtime of the probe, logs and prometheus gates: gathering what they
-//! observe before each decision, and creating and deleting probe pods.
+//! The runtime of the probe, logs and prometheus gates: reading what they
+//! observe before each decision, as `saferollout_core::pass::needs` says
+//! (which pods, logs and queries, and when), and creating and deleting
+//! probe pods.
 //!
 //! - Probe pods come from a label-selected watch of the operator's own probe
 //!   pods (`caches.probe_pods`); a failed probe's last log lines are read
@@ -15,8 +17,8 @@
 //!   log's size. Only the scan result and the position (a few numbers and
 //!   at most 4 KiB of an unfinished line) are kept per pod.
 //! - Prometheus queries run beside the passes, never in them: when one is
-//!   due (`prometheus::due`, from the tally in status, at most once per
-//!   interval per gate, one at a time) and every node the rollout holds runs
+//!   due (`pass::needs`: `prometheus::due`, from the tally in status, at most
+//!   once per interval per gate, one at a time) and every node the rollout holds runs
 //!   a Ready new agent, a task runs it and wakes the rollout with its
 //!   measurement, which the next pass hands to the gate; so a slow or
 //!   hostile server never delays a revert. Only addresses the operator's
@@ -38,18 +40,17 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, LogParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use saferollout_api::{
-    FIELD_MANAGER, GateResult, LogsGate, PROBE_NODE_LABEL, PrometheusGate, SafeRollout,
-    SafeRolloutStatus, SecretKeyRef,
+    FIELD_MANAGER, LogsGate, PROBE_NODE_LABEL, PrometheusGate, SafeRollout, SafeRolloutSpec,
+    SecretKeyRef,
 };
 use saferollout_core::gates::log_reader::{LogCursor, LogPass, READ_LIMIT, ReadEnd};
-use saferollout_core::gates::logs::{Patterns, window_end};
+use saferollout_core::gates::logs::Patterns;
 use saferollout_core::gates::probe::{self, ProbePodParams, ProbeRequest};
-use saferollout_core::gates::prometheus;
 use saferollout_core::gates::proof::{
     LogObservation, LogRead, Measurement, MeasurementOutcome, ProbePod, ProofEvidence, Sample,
     clean_line, clean_lines,
 };
-use saferollout_core::objects::SlimPod;
+use saferollout_core::pass::needs::{LogMemo, LogNeed, Measurements, Needs, Remembered};
 use tracing::{debug, info, warn};
 
 use super::error::Result;
@@ -105,6 +106,34 @@ fn patterns_of(gate: &LogsGate) -> u64 {
     h.finish()
 }
 
+impl Memory {
+    /// What the proof gates' earlier reads left, as
+    /// `saferollout_core::pass::needs` weighs it.
+    pub fn remembered<'a>(&'a self, spec: &SafeRolloutSpec) -> Remembered<'a> {
+        let patterns = spec.logs_gate().map(patterns_of);
+        Remembered {
+            dry_run: None,
+            logs: (self.logs.iter())
+                .map(|(uid, k)| {
+                    let memo = LogMemo {
+                        observed: &k.obs,
+                        since_read: k.read_at.elapsed(),
+                        same_patterns: patterns == Some(k.patterns),
+                    };
+                    (uid.as_str(), memo)
+                })
+                .collect(),
+            queried: (self.queried.iter())
+                .map(|(gate, at)| (gate.as_str(), at.elapsed()))
+                .collect(),
+            querying: (self.in_flight.iter())
+                .filter(|(_, task)| !task.is_finished())
+                .map(|(gate, _)| gate.as_str())
+                .collect(),
+        }
+    }
+}
+
 impl Drop for Memory {
     /// A forgotten rollout (deleted, or this replica no longer leads) stops
     /// its queries.
@@ -115,61 +144,25 @@ impl Drop for Memory {
     }
 }
 
-/// The nodes status says the rollout holds now (stages up to the current one).
-fn held_nodes(st: &SafeRolloutStatus) -> Vec<String> {
-    let Some(current) = st.current_stage else {
-        return Vec::new();
-    };
-    let mut nodes: Vec<String> = st
-        .stages
-        .iter()
-        .filter(|s| s.index <= current)
-        .flat_map(|s| s.nodes.iter().cloned())
-        .collect();
-    nodes.sort();
-    nodes.dedup();
-    nodes
-}
-
-fn current_gates(st: &SafeRolloutStatus) -> &[GateResult] {
-    st.current_stage
-        .and_then(|c| st.stage(c))
-        .map(|s| s.gates.as_slice())
-        .unwrap_or(&[])
-}
-
-/// Everything the three gates observe for `sr` now.
+/// Everything the three gates observe for `sr` now: what `needs` says
+/// (see `saferollout_core::pass::needs`).
 pub async fn gather(
     sr: &SafeRollout,
     ctx: &Arc<Context>,
     key: &RolloutKey,
-    status: &SafeRolloutStatus,
-    world: &World,
+    needs: &Needs,
     now: Timestamp,
 ) -> ProofEvidence {
-    let spec = &sr.spec;
     let mut evidence = ProofEvidence::default();
-    // Logs and measurements matter only while a stage is being judged.
-    let rolling = status.target_revision.is_some()
-        && status.current_stage.is_some()
-        && matches!(
-            status.phase,
-            Some(saferollout_api::Phase::Progressing | saferollout_api::Phase::Paused)
-        );
-    if spec.probe_gate().is_some()
-        || !ctx
-            .caches
-            .probe_pods_of(&key.0, &ctx.rollout_id(key))
-            .is_empty()
-    {
+    if needs.probe_pods {
         evidence.probe_pods = probe_pods(ctx, key).await;
         evidence.probe_errors = ctx.memory(key, |m| m.proof.probe_errors.clone());
     }
-    if let (Some(gate), true) = (spec.logs_gate(), rolling) {
-        evidence.agent_logs = agent_logs(ctx, key, gate, status, world, now).await;
+    if let (Some(gate), Some(logs)) = (sr.spec.logs_gate(), &needs.logs) {
+        evidence.agent_logs = agent_logs(ctx, key, gate, logs, now).await;
     }
-    if rolling && !spec.prometheus_gates().is_empty() {
-        evidence.measurements = measurements(sr, ctx, key, status, world, now);
+    if let Some(wanted) = &needs.prometheus {
+        evidence.measurements = measurements(ctx, key, wanted, now);
     }
     evidence
 }
@@ -269,29 +262,13 @@ async fn read_tail(api: &Api<Pod>, pod: &Pod) -> String {
     }
 }
 
-/// When the agent container (or else the pod) started.
-fn started_at(pod: &SlimPod, container: Option<&str>) -> Option<Timestamp> {
-    let status = pod.status.as_ref()?;
-    let cs = status
-        .container_statuses
-        .as_ref()
-        .and_then(|cs| match container {
-            Some(name) => cs.iter().find(|c| c.name == name),
-            None => cs.first(),
-        });
-    cs.and_then(|c| c.state.as_ref())
-        .and_then(|s| s.running.as_ref())
-        .and_then(|r| r.started_at.as_ref())
-        .or(status.start_time.as_ref())
-        .map(|t| t.0)
-}
-
+/// Reads the agent logs `logs` says are due, each from where its last read
+/// stopped (or from its start); the others' last observations stand.
 async fn agent_logs(
     ctx: &Context,
     key: &RolloutKey,
     gate: &LogsGate,
-    status: &SafeRolloutStatus,
-    world: &World,
+    logs: &[LogNeed],
     now: Timestamp,
 ) -> BTreeMap<String, LogObservation> {
     let patterns = match Patterns::of(gate) {
@@ -301,88 +278,52 @@ async fn agent_logs(
             return BTreeMap::new();
         }
     };
-    let target = status.target_revision.clone().unwrap_or_default();
-    let held = held_nodes(status);
-    let interval = gate.interval.to_std().unwrap_or(Duration::from_secs(10));
-    let pods: Vec<Arc<SlimPod>> = world
-        .pods()
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.labels().get(saferollout_api::REVISION_HASH_LABEL) == Some(&target))
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some_and(|n| held.contains(n))
-        })
-        .cloned()
-        .collect();
     let fingerprint = patterns_of(gate);
-    let remembered = ctx.memory(key, |m| {
-        let uids: Vec<String> = pods.iter().filter_map(|p| p.uid()).collect();
-        m.proof.logs.retain(|uid, _| uids.contains(uid));
+    let mut remembered = ctx.memory(key, |m| {
+        let uids: HashSet<&str> = logs.iter().map(|l| l.uid.as_str()).collect();
+        m.proof.logs.retain(|uid, _| uids.contains(uid.as_str()));
         m.proof.logs.clone()
     });
     let mut out = BTreeMap::new();
     let mut to_read = Vec::new();
-    for pod in pods {
-        let uid = pod.uid().unwrap_or_default();
-        let started = started_at(&pod, gate.container.as_deref());
-        // A restarted container (a new log) or other patterns: from the start.
-        let known = remembered
-            .get(&uid)
-            .filter(|k| k.obs.started_at == started && k.patterns == fingerprint);
+    for need in logs {
+        let known = remembered.remove(&need.uid).filter(|_| !need.from_start);
         let (obs, cursor) = match known {
-            Some(k) => (k.obs.clone(), k.cursor.clone()),
+            Some(k) => (k.obs, k.cursor),
             None => (
                 LogObservation {
-                    pod: pod.name_any(),
-                    started_at: started,
+                    pod: need.pod.clone(),
+                    started_at: need.started,
                     read: LogRead::Unread,
                 },
                 LogCursor::default(),
             ),
         };
-        let end = started.map(|s| window_end(gate, s));
-        let read_after_end = |at: &Timestamp| end.is_some_and(|e| *at >= e);
-        let settled = match &obs.read {
-            LogRead::Matched(_) => true,
-            LogRead::Clean { at } => read_after_end(at),
-            LogRead::Unreadable { clean_at, .. } => clean_at.as_ref().is_some_and(read_after_end),
-            LogRead::Unread | LogRead::Behind { .. } => false,
-        };
-        let last_at = match &obs.read {
-            LogRead::Clean { at } => Some(*at),
-            _ => None,
-        };
-        let window_closed_since_read =
-            end.is_some_and(|e| now >= e && last_at.is_none_or(|a| a < e));
-        // A read that stopped at its bound is followed at once.
-        let behind = matches!(obs.read, LogRead::Behind { .. });
-        let interval_passed = known.is_none_or(|k| k.read_at.elapsed() >= interval);
-        if started.is_some() && !settled && (interval_passed || behind || window_closed_since_read)
-        {
-            to_read.push((pod, obs, cursor, end));
+        if need.read {
+            to_read.push((need, obs, cursor));
         } else {
-            out.insert(uid, obs);
+            out.insert(need.uid.clone(), obs);
         }
     }
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.0);
-    let container = gate.container.clone();
-    let reads = futures::stream::iter(to_read.into_iter().map(|(pod, obs, cursor, end)| {
-        let (api, patterns, container) = (api.clone(), patterns.clone(), container.clone());
+    let reads = futures::stream::iter(to_read.into_iter().map(|(need, obs, cursor)| {
+        let (api, patterns) = (api.clone(), patterns.clone());
         async move {
-            let container = container.or_else(|| {
-                pod.spec
-                    .as_ref()
-                    .and_then(|s| s.containers.first())
-                    .map(|c| c.name.clone())
-            });
-            let (cursor, read) = read_log(&api, &pod.name_any(), container, &patterns, cursor, end, now, &obs.read).await;
+            let (cursor, read) = read_log(
+                &api,
+                &need.pod,
+                need.container.clone(),
+                &patterns,
+                cursor,
+                need.window_end,
+                now,
+                &obs.read,
+            )
+            .await;
             if let LogRead::Matched(m) = &read {
-                info!(pod = %pod.name_any(), pattern = %m.pattern, "agent log matched a fatal pattern");
+                info!(pod = %need.pod, pattern = %m.pattern, "agent log matched a fatal pattern");
             }
-            (pod.uid().unwrap_or_default(), LogObservation { read, ..obs }, cursor)
+            (need.uid.clone(), LogObservation { read, ..obs }, cursor)
         }
     }))
     .buffer_unordered(LOG_READS)
@@ -472,98 +413,44 @@ async fn read_log(
     (cursor, read)
 }
 
-/// Starts the prometheus queries that are due (each in a task of its own)
-/// and hands in the measurements the tasks finished.
+/// Starts the prometheus queries `wanted` says are due (each in a task of
+/// its own) and hands in the measurements the tasks finished, those of
+/// what each gate measures now.
 fn measurements(
-    sr: &SafeRollout,
     ctx: &Arc<Context>,
     key: &RolloutKey,
-    status: &SafeRolloutStatus,
-    world: &World,
+    wanted: &Measurements,
     now: Timestamp,
 ) -> BTreeMap<String, Measurement> {
-    let held = held_nodes(status);
-    if held.is_empty() {
-        return BTreeMap::new();
+    for q in &wanted.queries {
+        let task = {
+            let (ctx, key, q) = (ctx.clone(), key.clone(), q.clone());
+            tokio::spawn(async move {
+                let outcome = query_prometheus(&ctx, &key.0, &q.gate, &q.query).await;
+                debug!(ns = %key.0, gate = %q.name, ?outcome, "prometheus measurement");
+                let m = Measurement {
+                    at: now,
+                    stage_nodes: q.stage_nodes,
+                    outcome,
+                };
+                ctx.memory(&key, |mem| {
+                    mem.proof.measured.insert(q.name, (q.subject, m))
+                });
+                ctx.triggers.send(
+                    kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
+                    super::caches::triggers::Cause::Measurement,
+                );
+            })
+        };
+        ctx.memory(key, |m| {
+            m.proof.queried.insert(q.name.clone(), Instant::now());
+            m.proof.in_flight.insert(q.name.clone(), task);
+        });
     }
-    let target = status.target_revision.as_deref().unwrap_or_default();
-    let stage = status.current_stage.unwrap_or_default();
-    // What a gate's measurement is of: a measurement of another rollout,
-    // stage or query is stale (the gate itself also checks the nodes).
-    let subject = |gate: &PrometheusGate| format!("{target}/{stage}/{}", gate.query);
-    let gates = current_gates(status);
-    let due: Vec<&PrometheusGate> = sr
-        .spec
-        .prometheus_gates()
-        .iter()
-        .filter(|gate| {
-            let name = prometheus::gate_name(&gate.name);
-            let previous = gates.iter().find(|g| g.gate == name);
-            let every = gate.interval.to_std().unwrap_or(Duration::from_secs(30));
-            let (recently, busy) = ctx.memory(key, |m| {
-                (
-                    m.proof
-                        .queried
-                        .get(&name)
-                        .is_some_and(|at| at.elapsed() < every),
-                    m.proof
-                        .in_flight
-                        .get(&name)
-                        .is_some_and(|t| !t.is_finished()),
-                )
-            });
-            prometheus::due(gate, previous, now) && !recently && !busy
-        })
-        .collect();
-    // A measurement is evidence about the new agents: taken only once every
-    // node the rollout holds runs one, Ready (the gate waits until then).
-    let serving = || {
-        let ready: HashSet<&str> = world
-            .agent_pods()
-            .filter(|p| p.revision == target && !p.deleting && p.running && p.ready)
-            .map(|p| p.node)
-            .collect();
-        held.iter().all(|n| ready.contains(n.as_str()))
-    };
-    if !due.is_empty() && serving() {
-        let stage_nodes = prometheus::stage_nodes_regex(&held);
-        for gate in due {
-            let name = prometheus::gate_name(&gate.name);
-            let query = prometheus::render_query(gate, &stage_nodes);
-            let task = {
-                let (ctx, key, gate, name) = (ctx.clone(), key.clone(), gate.clone(), name.clone());
-                let (of, stage_nodes) = (subject(&gate), stage_nodes.clone());
-                tokio::spawn(async move {
-                    let outcome = query_prometheus(&ctx, &key.0, &gate, &query).await;
-                    debug!(ns = %key.0, gate = %name, ?outcome, "prometheus measurement");
-                    let m = Measurement {
-                        at: now,
-                        stage_nodes,
-                        outcome,
-                    };
-                    ctx.memory(&key, |mem| mem.proof.measured.insert(name, (of, m)));
-                    ctx.triggers.send(
-                        kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0),
-                        super::caches::triggers::Cause::Measurement,
-                    );
-                })
-            };
-            ctx.memory(key, |m| {
-                m.proof.queried.insert(name.clone(), Instant::now());
-                m.proof.in_flight.insert(name, task);
-            });
-        }
-    }
-    let wanted: BTreeMap<String, String> = sr
-        .spec
-        .prometheus_gates()
-        .iter()
-        .map(|g| (prometheus::gate_name(&g.name), subject(g)))
-        .collect();
     ctx.memory(key, |m| {
         m.proof
             .measured
-            .retain(|g, (of, _)| wanted.get(g) == Some(of));
+            .retain(|g, (of, _)| wanted.subjects.get(g) == Some(of));
         m.proof
             .measured
             .iter()

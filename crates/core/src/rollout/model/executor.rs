@@ -132,7 +132,12 @@ impl Model {
         let since_last_write = self
             .status_written_at
             .map(|t| crate::gates::elapsed(t, self.now));
-        let plan = crate::pass::plan(Some(&self.status), decision.clone(), since_last_write);
+        let plan = crate::pass::plan(
+            &self.spec,
+            Some(&self.status),
+            decision.clone(),
+            since_last_write,
+        );
         if plan.write == StatusWrite::Before {
             if losses.status {
                 return Some(decision);

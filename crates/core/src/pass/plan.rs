@@ -1,4 +1,4 @@
-//! One pass's plan: what is done with a [`Decision`], in which order. The
+//! What a pass does with a [`Decision`], in which order. The
 //! operator executes it against the API server, and the model's executor
 //! (`rollout/model/executor.rs`) executes the same plan against its simulated
 //! cluster, losing writes where the fault set says, so the property tests
@@ -13,7 +13,9 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use saferollout_api::SafeRolloutStatus;
+use std::collections::BTreeSet;
+
+use saferollout_api::{SafeRolloutSpec, SafeRolloutStatus};
 
 use crate::durability;
 use crate::rollout::{Action, Decision};
@@ -55,12 +57,16 @@ pub struct Plan {
     pub requeue_after: Option<Duration>,
     /// See [`Decision::refresh_caches_heard_before`].
     pub refresh_caches_heard_before: Option<Timestamp>,
+    /// The nodes whose workload pods the device gates need watched from now
+    /// on ([`super::needs::pods_to_watch`] of the decided status).
+    pub watch_pods_on: BTreeSet<String>,
 }
 
-/// The plan of a pass that decided `decision` over the status `written` (as
-/// last written; `None`: the SafeRollout has none yet), this replica having
-/// last written it `since_last_write` ago.
+/// The plan of a pass over `spec` that decided `decision` over the status
+/// `written` (as last written; `None`: the SafeRollout has none yet), this
+/// replica having last written it `since_last_write` ago.
 pub fn plan(
+    spec: &SafeRolloutSpec,
     written: Option<&SafeRolloutStatus>,
     decision: Decision,
     since_last_write: Option<Duration>,
@@ -80,6 +86,7 @@ pub fn plan(
         _ => None,
     };
     Plan {
+        watch_pods_on: super::needs::pods_to_watch(spec, &status),
         status,
         write,
         actions,
@@ -129,6 +136,10 @@ mod tests {
         }
     }
 
+    fn spec() -> SafeRolloutSpec {
+        SafeRolloutSpec::for_daemonset("plugin")
+    }
+
     fn event() -> Action {
         Action::Event {
             warning: false,
@@ -144,6 +155,7 @@ mod tests {
             ..Default::default()
         };
         let p = plan(
+            &spec(),
             None,
             decision(new.clone(), vec![event(), Action::TakeOverUpdates]),
             None,
@@ -160,7 +172,7 @@ mod tests {
             phase: Some(Phase::Succeeded),
             ..Default::default()
         };
-        let p = plan(Some(&st), decision(st.clone(), vec![]), None);
+        let p = plan(&spec(), Some(&st), decision(st.clone(), vec![]), None);
         assert_eq!(p.write, StatusWrite::Unchanged);
         assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
     }
@@ -176,6 +188,7 @@ mod tests {
             ..Default::default()
         };
         let p = plan(
+            &spec(),
             Some(&old),
             decision(new, vec![Action::TakeOverUpdates]),
             Some(Duration::ZERO),
