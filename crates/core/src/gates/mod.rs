@@ -26,6 +26,7 @@ pub mod evidence;
 pub mod freshness;
 pub mod log_reader;
 pub mod logs;
+pub mod node_conditions;
 pub mod pods_ready;
 pub mod probe;
 pub mod prometheus;
@@ -141,6 +142,13 @@ pub fn evaluate_all(
         verdicts.push(allocatable::evaluate(gate, snap, prev(&name)));
     }
     if let Some(g) = spec.gates.as_ref() {
+        if let Some(gate) = &g.node_conditions {
+            verdicts.push(node_conditions::evaluate(
+                gate,
+                snap,
+                prev(node_conditions::NAME),
+            ));
+        }
         if let Some(gate) = &g.resource_slices {
             verdicts.push(resource_slices::evaluate(
                 gate,
