@@ -78,6 +78,19 @@ pub const CONDITION_STALLED: &str = "Stalled";
 /// Condition type: the preflight checks of the target revision found no error.
 pub const CONDITION_PREFLIGHT_PASSED: &str = "PreflightPassed";
 
+/// The node conditions Kubernetes itself sets: the kubelet's Ready and
+/// pressure conditions, the route controller's NetworkUnavailable. The
+/// operator reads Ready, and keeps of a node's conditions only Ready and
+/// those other writers set (a node-problem detector's, the ones
+/// `gates.nodeConditions` names).
+pub const KUBERNETES_NODE_CONDITIONS: [&str; 5] = [
+    "Ready",
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "NetworkUnavailable",
+];
+
 /// The `capacityLabel:` prefix of an allocatable gate's `max` bound.
 pub const CAPACITY_LABEL_PREFIX: &str = "capacityLabel:";
 /// The `baseline` word of an allocatable gate's `min`/`max` bound.

@@ -49,10 +49,11 @@ pub use failure::{OnFailure, QuarantineEffect, QuarantineSpec, QuarantineTarget}
 pub use gates::{
     AllocatableGate, ClaimProbe, ClaimsGate, ClearedTaints, DeviceHealthGate, DeviceTaintsGate,
     GATE_ALLOCATABLE, GATE_CLAIMS, GATE_DEVICE_HEALTH, GATE_DEVICE_TAINTS, GATE_LOGS,
-    GATE_PODS_READY, GATE_PROBE, GATE_PROMETHEUS, GATE_RESOURCE_SLICES, Gates, InconclusivePolicy,
-    LogsGate, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, PodsReadyGate, ProbeEnvVar,
-    ProbeGate, ProbeResources, PrometheusGate, PrometheusTls, ResourceSlicesGate,
-    STAGE_NODES_PLACEHOLDER, SecretKeyRef, UnreadablePolicy,
+    GATE_NODE_CONDITIONS, GATE_PODS_READY, GATE_PROBE, GATE_PROMETHEUS, GATE_RESOURCE_SLICES,
+    Gates, HealthyStatus, InconclusivePolicy, LogsGate, NodeCondition, NodeConditionsGate,
+    PROBE_NODE_LABEL, PROBE_REVISION_LABEL, PatternSet, PodsReadyGate, ProbeEnvVar, ProbeGate,
+    ProbeResources, PrometheusGate, PrometheusTls, ResourceSlicesGate, STAGE_NODES_PLACEHOLDER,
+    SecretKeyRef, UnreadablePolicy,
 };
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use quantity::{count_of, quantity_count};

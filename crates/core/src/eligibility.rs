@@ -260,6 +260,7 @@ mod tests {
             status_written: None,
             taints,
             allocatable: alloc,
+            conditions: &[],
             ours: RolloutLabels::of(labels),
         }
     }

@@ -222,6 +222,7 @@ mod tests {
             status_written: None,
             taints: if tainted { &taints[..] } else { &[] },
             allocatable: &alloc,
+            conditions: &[],
             ours: RolloutLabels::of(&labels),
         };
         // With a pod, without one, with only a terminating one, tainted.

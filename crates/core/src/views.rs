@@ -12,7 +12,7 @@ use saferollout_api::{
     REVISION_HASH_LABEL, ROLLOUT_LABEL, STAGE_LABEL, ZONE_LABEL, quantity_count,
 };
 
-use crate::objects::{NodeFacts, PodFacts, Quantities, SlimNode, SlimPod};
+use crate::objects::{NodeFacts, PodFacts, Quantities, SlimCondition, SlimNode, SlimPod};
 
 pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 static NO_QUANTITIES: Quantities = Quantities::new();
@@ -145,6 +145,10 @@ pub struct NodeView<'a> {
     pub taints: &'a [Taint],
     /// `status.allocatable`, as quantities.
     pub allocatable: &'a Quantities,
+    /// `status.conditions` as the caller keeps them (the operator keeps
+    /// Ready and the conditions other writers set, such as a node-problem
+    /// detector's; not the kubelet's pressure conditions).
+    pub conditions: &'a [SlimCondition],
     /// The node's saferollout labels, read once: a pass checks them on every
     /// node, and each lookup in the labels' map is several comparisons of
     /// keys sharing long prefixes (a tenth of a pass's CPU at 1,000 nodes).
@@ -224,6 +228,11 @@ impl<'a> NodeView<'a> {
                 .as_ref()
                 .and_then(|s| s.allocatable.as_ref())
                 .unwrap_or(&NO_QUANTITIES),
+            conditions: node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default(),
             ours: RolloutLabels {
                 rollout: facts.rollout.as_deref(),
                 stage: facts.stage.map(|i| i as usize),
@@ -247,6 +256,11 @@ impl<'a> NodeView<'a> {
 
     pub fn label(&self, key: &str) -> Option<&'a str> {
         self.labels.get(key).map(String::as_str)
+    }
+
+    /// The node's condition of type `type_`, if it has one.
+    pub fn condition(&self, type_: &str) -> Option<&'a SlimCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
     }
 }
 
@@ -494,6 +508,7 @@ mod tests {
             status_written: None,
             taints: &[],
             allocatable: &NO_QUANTITIES,
+            conditions: &[],
             ours: RolloutLabels::default(),
         };
         let nodes: NodesByName = [

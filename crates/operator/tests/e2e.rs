@@ -1416,3 +1416,169 @@ fn start_up_errors_say_the_fix_in_one_line() -> anyhow::Result<()> {
     assert!(stderr.contains("set KUBECONFIG"), "{stderr}");
     Ok(())
 }
+
+/// A node condition as a health detector (node-problem detector,
+/// NVSentinel) writes it: a strategic merge of `status.conditions`, keyed by
+/// type, so the kubelet's (here the sim's) conditions stay; `None` removes it.
+async fn set_node_condition(
+    client: &Client,
+    node: &str,
+    type_: &str,
+    status: Option<&str>,
+) -> anyhow::Result<()> {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+    let condition = match status {
+        Some(s) => json!({"type": type_, "status": s, "reason": "E2eDetector",
+            "message": "written by the e2e test as a health detector would",
+            "lastHeartbeatTime": now, "lastTransitionTime": now}),
+        None => json!({"type": type_, "$patch": "delete"}),
+    };
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [condition]}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The test's own condition type (nodes are shared by the tests) on every
+/// node, healthy ("True"), and a rollout gated on it (soak 2 s) beside the
+/// allocatable gate; returns the condition's type.
+async fn gated_on_a_node_condition(env: &Env, image: &str) -> anyhow::Result<String> {
+    let type_ = format!("e2e.saferollout.dev/{}", env.ns.name);
+    let nodes = Api::<Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    for n in &nodes {
+        set_node_condition(&env.client, &n.name_any(), &type_, Some("True")).await?;
+    }
+    create_plugin_daemonset(env, image).await?;
+    let mut spec = default_spec(env, image);
+    spec["gates"]["nodeConditions"] = json!({
+        "conditions": [{"type": type_, "healthyStatus": "True"}],
+        "soak": "2s",
+    });
+    create_rollout(env, spec).await?;
+    wait_settled_healthy(env, image).await?;
+    Ok(type_)
+}
+
+/// Removes the test's condition from every node.
+async fn remove_node_condition(env: &Env, type_: &str) -> anyhow::Result<()> {
+    let nodes = Api::<Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    for n in &nodes {
+        set_node_condition(&env.client, &n.name_any(), type_, None).await?;
+    }
+    Ok(())
+}
+
+/// A release that keeps the node condition healthy passes every stage, the
+/// gate judging each stage's nodes (Passed, reason Healthy, in every stage).
+#[tokio::test]
+async fn a_release_that_keeps_node_conditions_healthy_passes() -> anyhow::Result<()> {
+    let env = setup("nodecond-healthy").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    let started = Instant::now();
+    let type_ = gated_on_a_node_condition(&env, v1).await?;
+    let before = wait_status(&env, TIMEOUT, |st| st.last_good_template.is_some()).await?;
+    set_template_image(&env, v2).await?;
+    let st = wait_status(&env, TIMEOUT, |st| {
+        st.phase == Some(Phase::Succeeded)
+            && st.stable_revision.is_some()
+            && st.stable_revision != before.stable_revision
+    })
+    .await?;
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
+    })
+    .await?;
+    assert_eq!(st.stages.len(), 3, "{st:#?}");
+    for s in &st.stages {
+        let g = s
+            .gates
+            .iter()
+            .find(|g| g.gate == "nodeConditions")
+            .unwrap_or_else(|| panic!("stage {} has no nodeConditions result: {st:#?}", s.index));
+        assert_eq!(
+            (g.status, g.reason.as_str()),
+            (saferollout_api::GateStatus::Passed, "Healthy"),
+            "{g:#?}"
+        );
+        assert!(g.message.contains(&type_), "{}", g.message);
+    }
+    eprintln!(
+        "MEASURE nodeConditions healthy release: {:?}",
+        started.elapsed()
+    );
+    remove_node_condition(&env, &type_).await?;
+    wait_unlabelled(&env).await?;
+    Ok(())
+}
+
+/// A release after which the canary's health detector reports the node
+/// unhealthy (the test writes the condition "False" as soon as the canary's
+/// new agent is Ready, as a detector would on its next check) fails the
+/// gate on that node and is reverted there: only the canary got it.
+#[tokio::test]
+async fn an_unhealthy_node_condition_on_the_canary_reverts_the_release() -> anyhow::Result<()> {
+    let env = setup("nodecond-unhealthy").await?;
+    let (good, bad) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    let type_ = gated_on_a_node_condition(&env, good).await?;
+    let (rec, task) = record(&env, bad, good);
+    // The detector: the canary's condition turns False once its new agent is Ready.
+    let detector = {
+        let (client, type_, bad) = (env.client.clone(), type_.clone(), bad.to_string());
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+        tokio::spawn(async move {
+            let mut stream = watcher(pods, watcher::Config::default().labels("app=plugin"))
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(p)) = stream.next().await {
+                if image_of(&p) == bad && pod_ready(&p) {
+                    let node = node_of(&p);
+                    set_node_condition(&client, &node, &type_, Some("False")).await?;
+                    return Ok::<_, anyhow::Error>((node, Instant::now()));
+                }
+            }
+            anyhow::bail!("the pod watch ended")
+        })
+    };
+    set_template_image(&env, bad).await?;
+    let st = wait_status(&env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
+    let reverted_at = Instant::now();
+    let (canary, unhealthy_at) = detector.await??;
+    wait_all_pods(&env, |ps| {
+        ps.len() == 4 && ps.iter().all(|p| image_of(p) == good && pod_ready(p))
+    })
+    .await?;
+    task.abort();
+    let degraded = condition(&st, "Degraded").unwrap();
+    assert_eq!(degraded.reason, "NodeConditionsFailed", "{st:#?}");
+    assert_eq!(st.blocked_revisions[0].reason, "ConditionUnhealthy");
+    assert!(
+        degraded.message.contains(&format!(
+            "node {canary}: condition {type_} is False, expected True"
+        )),
+        "{}",
+        degraded.message
+    );
+    let rec = std::mem::take(&mut *rec.lock().unwrap());
+    let touched: BTreeSet<&String> = rec.pod_nodes.values().collect();
+    assert_eq!(
+        (rec.pods_created.len(), touched.len()),
+        (1, 1),
+        "only the canary got the release: {touched:?}"
+    );
+    assert!(!rec.canary_passed, "the canary passed: {st:#?}");
+    eprintln!(
+        "MEASURE nodeConditions unhealthy -> Degraded seen: {:?} (soak 2 s)",
+        reverted_at.duration_since(unhealthy_at)
+    );
+    remove_node_condition(&env, &type_).await?;
+    wait_unlabelled(&env).await?;
+    Ok(())
+}

@@ -51,6 +51,7 @@ pub fn field_error_code(path: &str) -> &'static str {
         | "spec.progressDeadline"
         | "spec.gates.podsReady.timeout"
         | "spec.gates.allocatable.soak"
+        | "spec.gates.nodeConditions.soak"
         | "spec.gates.resourceSlices.soak"
         | "spec.gates.deviceTaints.soak"
         | "spec.gates.deviceHealth.handover"

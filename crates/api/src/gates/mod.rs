@@ -10,6 +10,7 @@ pub mod claims;
 pub mod device_health;
 pub mod device_taints;
 pub mod logs;
+pub mod node_conditions;
 pub mod pods_ready;
 pub mod probe;
 pub mod prometheus;
@@ -20,6 +21,7 @@ pub use claims::{ClaimProbe, ClaimsGate, GATE_CLAIMS};
 pub use device_health::{DeviceHealthGate, GATE_DEVICE_HEALTH};
 pub use device_taints::{ClearedTaints, DeviceTaintsGate, GATE_DEVICE_TAINTS};
 pub use logs::{GATE_LOGS, LogsGate, PatternSet, UnreadablePolicy};
+pub use node_conditions::{GATE_NODE_CONDITIONS, HealthyStatus, NodeCondition, NodeConditionsGate};
 pub use pods_ready::{GATE_PODS_READY, PodsReadyGate};
 pub use probe::{
     GATE_PROBE, PROBE_NODE_LABEL, PROBE_REVISION_LABEL, ProbeEnvVar, ProbeGate, ProbeResources,
@@ -55,6 +57,12 @@ pub struct Gates {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8), transform = schema::list_map_by_resource)]
     pub allocatable: Vec<AllocatableGate>,
+
+    /// Named node conditions (e.g. the GPU health conditions a
+    /// node-problem detector or NVSentinel sets) keep their healthy status
+    /// on each stage node once its new agent is Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_conditions: Option<NodeConditionsGate>,
 
     /// DRA: the driver's ResourceSlices per node are republished, complete and
     /// within bounds.
@@ -140,6 +148,8 @@ impl Validate for Gates {
             "resource",
             |g| &g.resource,
         );
+        self.node_conditions
+            .validate(&format!("{path}.nodeConditions"), errors);
         self.probe.validate(&format!("{path}.probe"), errors);
         self.logs.validate(&format!("{path}.logs"), errors);
         validate_list_map(
@@ -239,6 +249,7 @@ mod tests {
         let gates = Gates {
             pods_ready: Some(PodsReadyGate::default()),
             allocatable: vec![AllocatableGate::new("example.com/gpu")],
+            node_conditions: Some(NodeConditionsGate::healthy_when_true(["GpuHealthy"])),
             resource_slices: Some(ResourceSlicesGate::new("gpu.example.com")),
             claims: Some(ClaimsGate {
                 driver: "gpu.example.com".into(),
@@ -268,6 +279,7 @@ mod tests {
         let mut names = [
             PodsReadyGate::NAME,
             AllocatableGate::NAME,
+            NodeConditionsGate::NAME,
             ResourceSlicesGate::NAME,
             ClaimsGate::NAME,
             DeviceHealthGate::NAME,

@@ -1,7 +1,8 @@
 //! Health gates: pure judgements of a rollout's nodes from a snapshot of the
 //! cluster. Each gate is one module exposing `evaluate(&Snapshot, ...) ->
 //! Verdict`; adding a gate is one new module plus one line in
-//! [`evaluate_all`].
+//! [`evaluate_all`] (every file it touches: `docs/development.md`, "Adding
+//! a gate"; `complete.rs` checks each field of `Gates` has them).
 //!
 //! A gate answers Pending (not decided yet), Passed or Failed, and names the
 //! nodes whose agent violates it right now (a Ready plugin advertising
@@ -17,12 +18,15 @@
 
 pub mod allocatable;
 pub mod claims;
+#[cfg(test)]
+mod complete;
 pub mod device_health;
 pub mod device_taints;
 pub mod evidence;
 pub mod freshness;
 pub mod log_reader;
 pub mod logs;
+pub mod node_conditions;
 pub mod pods_ready;
 pub mod probe;
 pub mod prometheus;
@@ -138,6 +142,13 @@ pub fn evaluate_all(
         verdicts.push(allocatable::evaluate(gate, snap, prev(&name)));
     }
     if let Some(g) = spec.gates.as_ref() {
+        if let Some(gate) = &g.node_conditions {
+            verdicts.push(node_conditions::evaluate(
+                gate,
+                snap,
+                prev(node_conditions::NAME),
+            ));
+        }
         if let Some(gate) = &g.resource_slices {
             verdicts.push(resource_slices::evaluate(
                 gate,
@@ -173,6 +184,41 @@ pub fn evaluate_all(
     // (probe is judged after these, by the stage: it needs their verdicts
     // and asks for pods; see `probe::step`.)
     verdicts
+}
+
+/// Every gate of a stage judged: its verdicts, in the order status records
+/// them, and the probe pods to create.
+#[derive(Debug)]
+pub struct Judged {
+    pub verdicts: Vec<Verdict>,
+    pub probes: Vec<probe::ProbeRequest>,
+}
+
+/// Judges every configured gate of stage `index` (`stages`: the rollout's
+/// stage records, the current one among them): [`evaluate_all`], then the
+/// gates that need the others' verdicts (probe: it probes only nodes the
+/// others find nothing wrong with, and records its probes in `stages`).
+/// What it returns is what status records under each gate's name.
+pub fn judge(
+    spec: &SafeRolloutSpec,
+    snap: &Snapshot,
+    stages: &mut [saferollout_api::StageStatus],
+    index: usize,
+    rollout_id: &str,
+) -> Judged {
+    let previous = stages
+        .iter()
+        .find(|s| s.index as usize == index)
+        .map(|s| s.gates.as_slice())
+        .unwrap_or_default();
+    let mut verdicts = evaluate_all(spec, snap, previous);
+    let mut probes = Vec::new();
+    if let Some(gate) = spec.probe_gate() {
+        let step = probe::step(gate, snap, stages, index, rollout_id, &verdicts);
+        probes = step.create;
+        verdicts.push(step.verdict);
+    }
+    Judged { verdicts, probes }
 }
 
 /// The first failed gate, if any.
@@ -280,6 +326,8 @@ pub(crate) mod test_support {
         pub allocatable: crate::objects::Quantities,
         /// When its kubelet last wrote its status (`None`: never).
         pub status_written: Option<Timestamp>,
+        /// Its conditions but Ready (whose heartbeat is `status_written`).
+        pub conditions: Vec<crate::objects::SlimCondition>,
     }
 
     /// Owns the data a [`Snapshot`] borrows.
@@ -401,6 +449,7 @@ pub(crate) mod test_support {
                             status_written: n.status_written,
                             taints: &[],
                             allocatable: &n.allocatable,
+                            conditions: &n.conditions,
                             ours: RolloutLabels::of(&n.labels),
                         },
                     )

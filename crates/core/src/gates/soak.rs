@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use saferollout_api::GateResult;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use saferollout_api::{GateResult, GateStatus};
 
-use super::elapsed;
+use super::{Verdict, elapsed};
 
 /// Since when the observation `(reason, node)` holds: the previous result's
 /// `since` when it said the same, else now rounded up to the next whole
@@ -44,6 +45,40 @@ pub fn remaining(since: Timestamp, now: Timestamp, soak: Duration) -> Option<Dur
     let ahead = elapsed(now, since);
     let held = elapsed(since, now);
     (held < soak).then(|| soak - held + ahead)
+}
+
+/// What an observation held since `since` comes to at `now`: `held` (Passed
+/// for a good observation, Failed for a violation) once it has held for
+/// `soak`; else Failed once the progress deadline passed; else Pending,
+/// with how long until the soak ends (when to look again).
+pub fn outcome(
+    since: Timestamp,
+    now: Timestamp,
+    soak: Duration,
+    deadline_passed: bool,
+    held: GateStatus,
+) -> (GateStatus, Option<Duration>) {
+    let left = remaining(since, now, soak);
+    let status = match left {
+        None => held,
+        Some(_) if deadline_passed => GateStatus::Failed,
+        Some(_) => GateStatus::Pending,
+    };
+    (status, left.filter(|_| status == GateStatus::Pending))
+}
+
+/// `result` as a verdict, its observation recorded as held since `since`,
+/// looked at again after `recheck_after` (from [`outcome`]).
+pub fn verdict(
+    mut result: GateResult,
+    since: Timestamp,
+    recheck_after: Option<Duration>,
+) -> Verdict {
+    result.since = Some(Time(since));
+    Verdict {
+        recheck_after,
+        ..Verdict::new(result)
+    }
 }
 
 #[cfg(test)]

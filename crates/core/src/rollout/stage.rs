@@ -144,24 +144,13 @@ pub(super) fn roll(
         probed: &probed,
         now: o.now,
     };
-    let mut verdicts = gates::evaluate_all(o.spec, &snapshot, &st.stages[stage_pos].gates);
+    let judged = gates::judge(o.spec, &snapshot, &mut st.stages, index, o.rollout_id);
+    let verdicts = judged.verdicts;
     devices::warn_once(actions, &st.stages[stage_pos].gates, &verdicts);
-    if let Some(gate) = o.spec.probe_gate() {
-        // Judged last: it probes only nodes the other gates find nothing wrong with.
-        let probe = gates::probe::step(
-            gate,
-            &snapshot,
-            &mut st.stages,
-            index,
-            o.rollout_id,
-            &verdicts,
-        );
-        if !probe.create.is_empty() {
-            actions.push(Action::CreateProbePods {
-                probes: probe.create,
-            });
-        }
-        verdicts.push(probe.verdict);
+    if !judged.probes.is_empty() {
+        actions.push(Action::CreateProbePods {
+            probes: judged.probes,
+        });
     }
     st.stages[stage_pos].gates = verdicts.iter().map(|v| v.result.clone()).collect();
     devices::record_probes(o, &snapshot, &mut st.stages[stage_pos]);

@@ -154,6 +154,7 @@ impl World {
                         status_written: Some(self.now),
                         taints: &[],
                         allocatable: &n.allocatable,
+                        conditions: &[],
                         ours: RolloutLabels::of(&n.labels),
                     },
                 )

@@ -157,6 +157,7 @@ impl MNode {
             status_written: Some(self.status_written),
             taints: &self.taints,
             allocatable: &self.allocatable,
+            conditions: &[],
             ours: RolloutLabels::of(&self.labels),
         }
     }

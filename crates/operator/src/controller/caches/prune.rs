@@ -78,14 +78,17 @@ pub fn probe_pod(p: &mut Pod) {
 
 /// Nodes are projected when decoded ([`SlimNode`]: no images,
 /// addresses, node info or volumes); this drops the metadata decisions
-/// never read, conditions but Ready, and resources that are not extended.
+/// never read, the kubelet's pressure conditions (gates read Ready and
+/// the conditions other writers set: `nodeConditions`), and resources
+/// that are not extended.
 pub fn node(n: &mut SlimNode) {
     meta(&mut n.metadata);
     n.metadata.annotations = None;
     if let Some(st) = n.status.as_mut() {
-        st.conditions
-            .get_or_insert_default()
-            .retain(|c| c.type_ == "Ready");
+        st.conditions.get_or_insert_default().retain(|c| {
+            c.type_ == "Ready"
+                || !saferollout_api::KUBERNETES_NODE_CONDITIONS.contains(&c.type_.as_str())
+        });
         // Only extended resources (domain-prefixed names) are gated.
         for q in [st.allocatable.as_mut(), st.capacity.as_mut()]
             .into_iter()
@@ -131,11 +134,17 @@ mod tests {
         let mut n: SlimNode = serde_json::from_value(json!({"metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
             "status": {"allocatable": {"cpu": "4", "example.com/gpu": "8", "a.example/x": "2", "memory": "1Gi"}, "images": [{"names": ["i"]}],
-                "conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}]}}))
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}, {"type": "GpuHealthy", "status": "True"}]}}))
         .unwrap();
         prune::node(&mut n);
         let v = saferollout_core::views::NodeView::of(&n);
         assert!(v.ready);
+        let kept: Vec<&str> = v.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            kept,
+            ["Ready", "GpuHealthy"],
+            "not the kubelet's pressure conditions"
+        );
         assert_eq!(v.allocatable_count("example.com/gpu"), 8);
         assert_eq!(v.allocatable_count("a.example/x"), 2);
         assert_eq!(v.allocatable_count("cpu"), 0, "not an extended resource");

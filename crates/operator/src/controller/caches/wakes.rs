@@ -22,7 +22,8 @@ pub(crate) struct NodeMemo {
     ours: u64,
     /// The value of `saferollout.dev/rollout`: the SafeRollout holding the node.
     pub(super) rollout: Option<String>,
-    /// Taints, unschedulable, allocatable, readiness.
+    /// Taints, unschedulable, allocatable, the kept conditions (Ready and
+    /// those other writers set, which `nodeConditions` reads).
     state: u64,
     /// When the kubelet last wrote the status (the Ready heartbeat): gates
     /// wait for a status written after a new agent became Ready.
@@ -67,13 +68,8 @@ impl NodeMemo {
             for (k, v) in st.allocatable.iter().flatten() {
                 (k, &v.0).hash(&mut state);
             }
-            for c in st
-                .conditions
-                .iter()
-                .flatten()
-                .filter(|c| c.type_ == "Ready")
-            {
-                c.status.hash(&mut state);
+            for c in st.conditions.iter().flatten() {
+                (&c.type_, &c.status).hash(&mut state);
             }
         }
         NodeMemo {
