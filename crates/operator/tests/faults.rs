@@ -797,7 +797,8 @@ async fn a_compaction_that_expires_every_watch_mid_rollout_lists_again_and_repea
     .map(|s| s.to_string())
     .collect();
     let started = Timestamp::now();
-    // The caches' watch errors are logged at debug, as JSON: the 410s are read there.
+    // The caches' watch errors are logged at debug (by their reflector loop,
+    // `controller::freshness`), as JSON: the 410s are read there.
     let op = Operator::start_with_env(
         Identity::Impersonate(&env.proxy.kubeconfig, OPERATOR_SA),
         &args,
@@ -805,7 +806,7 @@ async fn a_compaction_that_expires_every_watch_mid_rollout_lists_again_and_repea
             ("SAFEROLLOUT_LOG_JSON", "true"),
             (
                 "RUST_LOG",
-                "info,kube=warn,saferollout_operator::controller::caches=debug,saferollout_operator::controller::devices=debug",
+                "info,kube=warn,saferollout_operator::controller::freshness=debug,saferollout_operator::controller::devices=debug",
             ),
         ],
         &format!("compacted-{}", env.ns.name),
