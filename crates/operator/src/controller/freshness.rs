@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -130,9 +130,15 @@ impl fmt::Display for StoreKey {
 }
 
 /// When a store last heard from the API server, in milliseconds since the
-/// process's [`Freshness`] began; and a pass's request that it list again.
+/// process's [`Freshness`] began; a pass's request that it list again; and
+/// whether it is listing now. While a list is under way the store still
+/// holds what it had before (the reflector swaps it in whole when the list
+/// ends), so what arrives meanwhile vouches for nothing: a pass woken by the
+/// list's first objects would otherwise take the old contents for current,
+/// and a deadline that passed while the watch was silent would fail a gate
+/// on them (it did, in the silent-watch fault test).
 #[derive(Default)]
-struct Heard(AtomicU64, tokio::sync::Notify);
+struct Heard(AtomicU64, tokio::sync::Notify, AtomicBool);
 
 /// Every tracked store's last word from the API server.
 pub struct Freshness {
@@ -189,6 +195,9 @@ impl Freshness {
     }
 
     fn mark(&self, heard: &Heard) {
+        if heard.2.load(Ordering::Acquire) {
+            return;
+        }
         let now = self.epoch.elapsed().as_millis() as u64;
         heard.0.fetch_max(now.max(1), Ordering::Relaxed);
     }
@@ -305,13 +314,21 @@ pub fn reflect<K>(
             tokio::select! {
                 item = stream.next() => match item {
                     Some(Ok(ev)) => {
-                        // `Init` only says a list is starting: no word from the
-                        // API server yet.
-                        if !matches!(ev, Event::Init) {
-                            freshness.mark(&heard);
+                        // `Init` says a list is starting: no word from the API
+                        // server yet, and none counts until the list is stored.
+                        if matches!(ev, Event::Init) {
+                            heard.2.store(true, Ordering::Release);
                         }
                         listed |= matches!(ev, Event::InitDone);
                         writer.apply_watcher_event(&ev);
+                        // The store now holds what the event says: it vouches
+                        // for now (a list's end included).
+                        if matches!(ev, Event::InitDone) {
+                            heard.2.store(false, Ordering::Release);
+                        }
+                        if !matches!(ev, Event::Init | Event::InitApply(_)) {
+                            freshness.mark(&heard);
+                        }
                         on_event(&ev);
                     }
                     Some(Err(e)) if streaming && !listed => {
@@ -331,6 +348,7 @@ pub fn reflect<K>(
                     if refreshed.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL) {
                         debug!(store = %key, "listing again: a deadline is due and this store has heard nothing since it passed");
                         refreshed = Some(Instant::now());
+                        heard.2.store(true, Ordering::Release);
                         stream = start();
                     }
                 }
@@ -345,6 +363,7 @@ pub fn reflect<K>(
                         warn!(store = %key, silent_for = ?silence, "the watch has delivered nothing, not even a bookmark, for longer than --watch-stale-after: the passes reading this store hold, and a new watch starts (a list, then a watch)");
                         metrics.watch_restarted(&resource);
                         restarted = Some(Instant::now());
+                        heard.2.store(true, Ordering::Release);
                         stream = start();
                     } else if !stale {
                         restarted = None;

@@ -731,6 +731,24 @@ fn plan_dra_drivers(
 }
 
 /// Devices of `driver` in the pool `pool` that some claim is allocated.
+/// Whether the node's published pool of `driver` lists `device`.
+fn published(slices: &[&ResourceSlice], driver: &str, node: &str, device: &str) -> bool {
+    slices.iter().any(|slice| {
+        slice.spec.driver == driver
+            && is_pool_slice_name(
+                slice.metadata.name.as_deref().unwrap_or_default(),
+                node,
+                driver,
+            )
+            && slice
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .any(|d| d.name == device)
+    })
+}
+
 fn allocated_devices(claims: &[&ResourceClaim], driver: &str, pool: &str) -> BTreeSet<String> {
     claims
         .iter()
@@ -1088,6 +1106,11 @@ fn workload_devices(
                         s.fault == Fault::DropClaims
                             && s.serving()
                             && !s.advertised.contains(&result.device)
+                            // Once the withdrawal is published: the driver
+                            // publishes in the second after its Ready, and a
+                            // pod failed before that would free its claim, so
+                            // the device would never be seen withdrawn.
+                            && !published(view.slices, &result.driver, view.name, &result.device)
                     })
                     .map(|_| {
                         format!(
