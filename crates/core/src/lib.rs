@@ -26,6 +26,9 @@
 //! - [`preflight`]: the cluster-side preflight checks and when they run.
 //! - [`transitions`]: what changed between two statuses (for metrics).
 //! - [`deletion`]: how deleting a SafeRollout hands its DaemonSet back.
+//! - [`handover`]: one node's handover between the target and the canary
+//!   DaemonSet under the `Selector` strategy (not wired yet:
+//!   `docs/design/selector-strategy.md`).
 
 pub mod conditions;
 pub mod deletion;
@@ -34,6 +37,7 @@ pub mod durability;
 pub mod eligibility;
 pub mod expectations;
 pub mod gates;
+pub mod handover;
 pub mod limits;
 pub mod objects;
 pub mod pass;
