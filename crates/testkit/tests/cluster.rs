@@ -1809,8 +1809,10 @@ fn on_node(p: &Pod, node: &str) -> bool {
 
 /// Two instances of one DRA driver on a node (Kubernetes 1.33+ rolling
 /// update: both annotated `sim.saferollout.dev/rolling-update`), from two
-/// DaemonSets: the newer serves once Ready, the older is its fallback, and
-/// the pool's slice is never deleted; a claim allocated before stays usable.
+/// DaemonSets: a newer instance that does not register (crash-looping)
+/// leaves the older serving; a healthy one serves once Ready, the older is
+/// its fallback, and the pool's slice is never deleted; a claim allocated
+/// before stays usable.
 #[tokio::test]
 async fn dra_driver_second_instance_takes_over_and_hands_back_without_a_slice_gap()
 -> anyhow::Result<()> {
@@ -1867,24 +1869,53 @@ async fn dra_driver_second_instance_takes_over_and_hands_back_without_a_slice_ga
     let trainer = wait_pod(&pods, "trainer", healthy).await?;
     let trainer_devices = resource_health(&trainer);
 
-    // The second DaemonSet (the canary) runs only on the labelled node.
+    // The second DaemonSet (the canary) runs only on the labelled node. A
+    // crash-looping instance never registers: the old one goes on serving
+    // (its slice outlives the status delay: the new container restarted).
     let canary_key = "sim.saferollout.dev/test-second-driver";
     let _label = NodeLabel::set(node, canary_key, "true")?;
-    let new_image = "registry.example/sim-dra-driver:v4.1.0";
+    let crashing = "registry.example/sim-dra-driver:v4.1.0-crashloop";
     let mut second =
-        agent_daemonset_annotated("driver-new", "dra-driver", new_image, rolling.clone());
+        agent_daemonset_annotated("driver-new", "dra-driver", crashing, rolling.clone());
     second.spec.template.spec.as_mut().unwrap().node_selector =
         Some(BTreeMap::from([(canary_key.to_owned(), "true".to_owned())]));
     dss.create(&PostParams::default(), &second).await?;
+    let restarted = |p: &Pod| {
+        p.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .any(|c| c.restart_count >= 1)
+    };
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=driver-new"),
+        TIMEOUT,
+        |ps| ps.iter().any(|p| on_node(p, node) && restarted(p)),
+    )
+    .await?;
+    let meanwhile = seen.borrow().clone();
+    assert!(!meanwhile.deleted, "{meanwhile:?}");
+    assert_eq!(
+        meanwhile.current.as_ref().map(|(p, g, _)| (p.as_str(), *g)),
+        Some((old_uid.as_str(), old_generation)),
+        "{meanwhile:?}"
+    );
+
+    // A healthy release of the canary: its pod serves once Ready.
+    let new_image = "registry.example/sim-dra-driver:v4.1.1";
+    set_image(&dss, "driver-new", new_image).await?;
     let new = wait_for_all(
         &pods,
         watcher::Config::default().labels("app=driver-new"),
         TIMEOUT,
-        |ps| ps.iter().any(|p| on_node(p, node) && pod_ready(p)),
+        |ps| {
+            ps.iter()
+                .any(|p| on_node(p, node) && pod_ready(p) && pod_image(p) == new_image)
+        },
     )
     .await?
     .into_iter()
-    .find(|p| on_node(p, node) && pod_ready(p))
+    .find(|p| on_node(p, node) && pod_ready(p) && pod_image(p) == new_image)
     .expect("new driver pod");
     let new_uid = pod_uid(&new);
 
