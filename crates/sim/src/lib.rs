@@ -29,6 +29,15 @@
 //! - Report delay: agent pod annotation `sim.saferollout.dev/report-delay`
 //!   (a duration): its devices are reported that much later than the whole
 //!   second after its Ready (see below), as a kubelet's 10 s status sync may.
+//! - Two instances of one DRA driver on a node (Kubernetes 1.33+ rolling
+//!   update, `maxSurge` or a second DaemonSet): driver pods annotated
+//!   `sim.saferollout.dev/rolling-update: "true"` register on sockets of
+//!   their own and run side by side; the newest registered one serves (once
+//!   its first publication is due), the older ones are its fallback, and the
+//!   pool's slices stay throughout. Driver pods without the annotation share
+//!   the driver's one socket: the newest of them is the driver, registered
+//!   or not, and the older ones are no fallback while it runs (as before;
+//!   once it goes, the newest left is the driver again).
 //! - Partitionable devices: driver pod annotation
 //!   `sim.saferollout.dev/partitions: "N"` (N >= 2): a counter set per GPU in
 //!   a counter slice, N partitions `gpu-<i>-part-<j>` per GPU (see
@@ -153,6 +162,14 @@ pub const UNITS_ANNOTATION: &str = "sim.saferollout.dev/units-per-device";
 /// plugin's devices may show that long after its Ready; a gate must not
 /// judge the node on what it showed meanwhile.
 pub const REPORT_DELAY_ANNOTATION: &str = "sim.saferollout.dev/report-delay";
+/// Driver pod annotation (`"true"`): the instance registers with the kubelet
+/// on a socket of its own (the `kubeletplugin` helper's `RollingUpdate`
+/// option), so it can run beside another instance of the same driver on the
+/// node (Kubernetes 1.33+): the newer registered instance serves, the older
+/// is the fallback. Without it an instance listens on the driver's one
+/// shared socket: the newest such pod is the driver and the older ones are
+/// no fallback while it runs.
+pub const ROLLING_UPDATE_ANNOTATION: &str = "sim.saferollout.dev/rolling-update";
 /// Label that marks workload pods the sim plays the kubelet for (any value).
 pub const WORKLOAD_LABEL: &str = "sim.saferollout.dev/workload";
 /// Label on every ResourceSlice the sim publishes: the node it describes.

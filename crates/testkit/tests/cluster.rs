@@ -1716,3 +1716,253 @@ async fn gpu_metrics_go_bad_with_the_agent() -> anyhow::Result<()> {
     dss.delete("plugin", &Default::default()).await?;
     Ok(())
 }
+
+/// What a watch of one pool's first slice has seen.
+#[derive(Clone, Debug, Default)]
+struct PoolSeen {
+    /// The slice was deleted at some point.
+    deleted: bool,
+    /// Every object UID the slice had (a re-creation shows as a second).
+    uids: std::collections::BTreeSet<String>,
+    /// Publisher pod UID and generation, each change in order.
+    publishers: Vec<(String, i64)>,
+    /// What the slice holds now: publisher, generation, device names.
+    current: Option<(String, i64, Vec<String>)>,
+}
+
+/// Watches the node's pool (its first slice) from now on, in a task.
+fn watch_pool(
+    slices: Api<ResourceSlice>,
+    node: &str,
+) -> (
+    tokio::sync::watch::Receiver<PoolSeen>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures::TryStreamExt;
+    let name = format!("{node}-{}", DRIVER.replace('.', "-"));
+    let (tx, rx) = tokio::sync::watch::channel(PoolSeen::default());
+    let config = watcher::Config::default().labels(&format!("sim.saferollout.dev/node={node}"));
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(slices, config));
+        while let Ok(Some(event)) = stream.try_next().await {
+            let (slice, deleted) = match event {
+                watcher::Event::Apply(s) | watcher::Event::InitApply(s) => (s, false),
+                watcher::Event::Delete(s) => (s, true),
+                watcher::Event::Init | watcher::Event::InitDone => continue,
+            };
+            if slice.metadata.name.as_deref() != Some(name.as_str()) {
+                continue;
+            }
+            tx.send_modify(|seen| {
+                if deleted {
+                    seen.deleted = true;
+                    seen.current = None;
+                    return;
+                }
+                seen.uids.extend(slice.metadata.uid.clone());
+                let publisher = slice
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("sim.saferollout.dev/publisher-pod-uid"))
+                    .cloned()
+                    .unwrap_or_default();
+                let generation = slice.spec.pool.generation;
+                if seen.publishers.last() != Some(&(publisher.clone(), generation)) {
+                    seen.publishers.push((publisher.clone(), generation));
+                }
+                let devices = slice
+                    .spec
+                    .devices
+                    .iter()
+                    .flatten()
+                    .map(|d| d.name.clone())
+                    .collect();
+                seen.current = Some((publisher, generation, devices));
+            });
+        }
+    });
+    (rx, task)
+}
+
+async fn wait_pool(
+    rx: &mut tokio::sync::watch::Receiver<PoolSeen>,
+    what: &str,
+    done: impl Fn(&PoolSeen) -> bool,
+) -> anyhow::Result<PoolSeen> {
+    let waited = tokio::time::timeout(TIMEOUT, rx.wait_for(|seen| done(seen)))
+        .await
+        .map(|seen| seen.map(|s| s.clone()));
+    match waited {
+        Ok(seen) => Ok(seen?),
+        Err(_) => anyhow::bail!("timed out waiting for {what}: {:?}", *rx.borrow()),
+    }
+}
+
+fn pod_uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap_or_default()
+}
+
+fn on_node(p: &Pod, node: &str) -> bool {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+}
+
+/// Two instances of one DRA driver on a node (Kubernetes 1.33+ rolling
+/// update: both annotated `sim.saferollout.dev/rolling-update`), from two
+/// DaemonSets: a newer instance that does not register (crash-looping)
+/// leaves the older serving; a healthy one serves once Ready, the older is
+/// its fallback, and the pool's slice is never deleted; a claim allocated
+/// before stays usable.
+#[tokio::test]
+async fn dra_driver_second_instance_takes_over_and_hands_back_without_a_slice_gap()
+-> anyhow::Result<()> {
+    use kube::ResourceExt;
+    let _serial = NODE_AGENTS.lock().await;
+    let c = cluster();
+    let ns = c.namespace("dra-two").await?;
+    let client = c.client().await?;
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns.name);
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let node = "sim-gpu-3";
+    let rolling = json!({"sim.saferollout.dev/rolling-update": "true"});
+
+    let old_image = "registry.example/sim-dra-driver:v4.0.0";
+    dss.create(
+        &PostParams::default(),
+        &agent_daemonset_annotated("driver-old", "dra-driver", old_image, rolling.clone()),
+    )
+    .await?;
+    wait_agents_ready(&pods, "driver-old", old_image).await?;
+    let old = pods
+        .list(&ListParams::default().labels("app=driver-old"))
+        .await?
+        .items
+        .into_iter()
+        .find(|p| on_node(p, node))
+        .expect("old driver pod on the node");
+    let old_uid = pod_uid(&old);
+
+    let (mut seen, watch) = watch_pool(slices, node);
+    let before = wait_pool(&mut seen, "the old pod's publication", |s| {
+        s.current.as_ref().is_some_and(|(p, _, _)| *p == old_uid)
+    })
+    .await?;
+    let (_, old_generation, devices) = before.current.clone().unwrap();
+    assert_eq!(devices.len(), GPUS as usize);
+
+    // A long-running pod with a claim allocated in the pool before the handover.
+    claims
+        .create(&PostParams::default(), &gpu_claim("trainer", None))
+        .await?;
+    pods.create(
+        &PostParams::default(),
+        &workload_pod("trainer", Some(node), "Always", None, Some("trainer")),
+    )
+    .await?;
+    let healthy = |p: &Pod| {
+        phase(p) == "Running"
+            && !resource_health(p).is_empty()
+            && resource_health(p).iter().all(|(_, _, h)| h == "Healthy")
+    };
+    let trainer = wait_pod(&pods, "trainer", healthy).await?;
+    let trainer_devices = resource_health(&trainer);
+
+    // The second DaemonSet (the canary) runs only on the labelled node. A
+    // crash-looping instance never registers: the old one goes on serving
+    // (its slice outlives the status delay: the new container restarted).
+    let canary_key = "sim.saferollout.dev/test-second-driver";
+    let _label = NodeLabel::set(node, canary_key, "true")?;
+    let crashing = "registry.example/sim-dra-driver:v4.1.0-crashloop";
+    let mut second =
+        agent_daemonset_annotated("driver-new", "dra-driver", crashing, rolling.clone());
+    second.spec.template.spec.as_mut().unwrap().node_selector =
+        Some(BTreeMap::from([(canary_key.to_owned(), "true".to_owned())]));
+    dss.create(&PostParams::default(), &second).await?;
+    let restarted = |p: &Pod| {
+        p.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .any(|c| c.restart_count >= 1)
+    };
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=driver-new"),
+        TIMEOUT,
+        |ps| ps.iter().any(|p| on_node(p, node) && restarted(p)),
+    )
+    .await?;
+    let meanwhile = seen.borrow().clone();
+    assert!(!meanwhile.deleted, "{meanwhile:?}");
+    assert_eq!(
+        meanwhile.current.as_ref().map(|(p, g, _)| (p.as_str(), *g)),
+        Some((old_uid.as_str(), old_generation)),
+        "{meanwhile:?}"
+    );
+
+    // A healthy release of the canary: its pod serves once Ready.
+    let new_image = "registry.example/sim-dra-driver:v4.1.1";
+    set_image(&dss, "driver-new", new_image).await?;
+    let new = wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=driver-new"),
+        TIMEOUT,
+        |ps| {
+            ps.iter()
+                .any(|p| on_node(p, node) && pod_ready(p) && pod_image(p) == new_image)
+        },
+    )
+    .await?
+    .into_iter()
+    .find(|p| on_node(p, node) && pod_ready(p) && pod_image(p) == new_image)
+    .expect("new driver pod");
+    let new_uid = pod_uid(&new);
+
+    let taken = wait_pool(&mut seen, "the new pod's publication", |s| {
+        s.current.as_ref().is_some_and(|(p, _, _)| *p == new_uid)
+    })
+    .await?;
+    let (_, new_generation, devices) = taken.current.clone().unwrap();
+    assert!(new_generation > old_generation, "{taken:?}");
+    assert_eq!(devices.len(), GPUS as usize, "same devices: {taken:?}");
+    // The old pod still runs beside it.
+    assert!(pod_ready(&pods.get(&old.name_any()).await?));
+
+    // The new pod goes (its DaemonSet first, orphaning it, so no
+    // replacement comes): the old one publishes again.
+    dss.delete(
+        "driver-new",
+        &kube::api::DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+            ..Default::default()
+        },
+    )
+    .await?;
+    pods.delete(&new.name_any(), &Default::default()).await?;
+    let back = wait_pool(&mut seen, "the old pod's publication again", |s| {
+        s.current
+            .as_ref()
+            .is_some_and(|(p, g, _)| *p == old_uid && *g > new_generation)
+    })
+    .await?;
+    watch.abort();
+
+    assert!(!back.deleted, "the pool's slice was deleted: {back:?}");
+    assert_eq!(back.uids.len(), 1, "the slice was re-created: {back:?}");
+    let mut order: Vec<&str> = back.publishers.iter().map(|(p, _)| p.as_str()).collect();
+    order.dedup();
+    assert_eq!(
+        order,
+        [old_uid.as_str(), new_uid.as_str(), old_uid.as_str()],
+        "{back:?}"
+    );
+    // The claim's pod ran through it all, on the same device.
+    let trainer = pods.get("trainer").await?;
+    assert!(healthy(&trainer), "{:#?}", trainer.status);
+    assert_eq!(resource_health(&trainer), trainer_devices);
+
+    pods.delete("trainer", &Default::default()).await?;
+    dss.delete("driver-old", &Default::default()).await?;
+    Ok(())
+}

@@ -30,7 +30,7 @@ use super::{AgentKind, Fault, ids};
 use crate::{
     AGENT_LABEL, DEFAULT_DRIVER, DEFAULT_RESOURCE, DEVICES_LABEL, DRIVER_ANNOTATION, FAULTY_LABEL,
     FIELD_MANAGER, PARTITIONS_ANNOTATION, REPORT_DELAY_ANNOTATION, RESOURCE_ANNOTATION,
-    UNITS_ANNOTATION,
+    ROLLING_UPDATE_ANNOTATION, UNITS_ANNOTATION,
 };
 
 /// What the sim needs to know of a Node object.
@@ -474,6 +474,81 @@ fn newest_per<'b, 'a>(
     newest
 }
 
+/// The instances of each DRA driver on the node, newest first, as the
+/// kubelet's plugin manager has them registered or about to be.
+///
+/// A driver pod annotated `sim.saferollout.dev/rolling-update: "true"`
+/// registers on a socket of its own (the `kubeletplugin` helper's
+/// `RollingUpdate` option), so the kubelet (1.33+) keeps it beside other
+/// instances of the driver. A pod without it listens on the driver's one
+/// shared socket: a newer such pod unlinks and takes over the socket of an
+/// older one, which the kubelet then cannot reach, not even as a fallback.
+/// So of those only the newest is an instance, registered or not. (When it
+/// goes, the newest left is the instance again, as before two-instance
+/// support: the sim keeps no record of whose socket was taken; a real
+/// kubelet could not reach that pod.)
+fn driver_instances<'b, 'a>(
+    agents: &'b [RunningAgent<'a>],
+) -> BTreeMap<String, Vec<&'b RunningAgent<'a>>> {
+    let mut instances: BTreeMap<String, Vec<&RunningAgent<'a>>> = BTreeMap::new();
+    for agent in agents
+        .iter()
+        .filter(|a| a.kind == Some(AgentKind::DraDriver))
+    {
+        let driver = annotation(agent.pod, DRIVER_ANNOTATION).unwrap_or(DEFAULT_DRIVER);
+        instances.entry(driver.to_owned()).or_default().push(agent);
+    }
+    for pods in instances.values_mut() {
+        pods.sort_by(|a, b| age_key(b.pod).cmp(&age_key(a.pod)));
+        let mut shared_socket_taken = false;
+        pods.retain(|agent| {
+            rolling_update(agent.pod) || !std::mem::replace(&mut shared_socket_taken, true)
+        });
+    }
+    instances
+}
+
+/// Whether a driver pod registers on a socket of its own.
+fn rolling_update(pod: &Pod) -> bool {
+    annotation(pod, ROLLING_UPDATE_ANNOTATION).is_some_and(|v| v.trim() == "true")
+}
+
+/// Which of a driver's `instances` (newest first) serves the pool, as the
+/// kubelet (1.33+) uses the most recently registered instance and falls
+/// back to an older one when it goes: the newest registered instance that
+/// publishes already (`publisher`) or whose first publication is due (the
+/// whole second after its Ready, see [`DriverPod::report_at`]). While a newer
+/// registered instance waits for that, the older one goes on serving (the
+/// returned wake-up is when the newer one's turn comes), so a healthy
+/// handover never leaves the pool without its slices. With no registered
+/// instance due, the newest registered one (whose publication then waits,
+/// the pool's slices kept); with none registered, the newest (which
+/// publishes nothing: the pool's slices go after the status delay).
+fn serving_instance<'b, 'a>(
+    instances: &[&'b RunningAgent<'a>],
+    publisher: Option<&str>,
+    reports: &BTreeMap<&str, Report>,
+    now: Timestamp,
+) -> (Option<&'b RunningAgent<'a>>, Option<Timestamp>) {
+    let registered: Vec<&RunningAgent<'a>> = instances
+        .iter()
+        .copied()
+        .filter(|a| a.moment.offer.serving())
+        .collect();
+    let mut wake = None;
+    for agent in &registered {
+        let pending = reports
+            .get(agent.uid)
+            .map(|r| r.at)
+            .filter(|at| now < *at && publisher != Some(agent.uid));
+        match pending {
+            None => return (Some(agent), wake),
+            Some(at) => wake = Some(wake.map_or(at, |w: Timestamp| w.min(at))),
+        }
+    }
+    (registered.first().or(instances.first()).copied(), wake)
+}
+
 /// Orders pods by creation, names breaking ties.
 fn age_key(pod: &Pod) -> (Option<Timestamp>, Option<&str>) {
     (
@@ -613,11 +688,7 @@ fn plan_dra_drivers(
     timings: &Timings,
 ) -> BTreeMap<String, Option<AgentService>> {
     let mut services = BTreeMap::new();
-    let drivers = newest_per(agents, AgentKind::DraDriver, |pod| {
-        annotation(pod, DRIVER_ANNOTATION)
-            .unwrap_or(DEFAULT_DRIVER)
-            .to_owned()
-    });
+    let drivers = driver_instances(agents);
     // Only slices under the pool's names are the pool's; anything else
     // carrying the label is left alone.
     let mut published: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
@@ -638,7 +709,19 @@ fn plan_dra_drivers(
         .collect();
     for driver in names {
         let current = published.get(driver.as_str()).cloned().unwrap_or_default();
-        let agent = drivers.get(&driver);
+        let previous = memory.pools.remove(&driver);
+        // The first slice carries the pool's publisher.
+        let first = current
+            .iter()
+            .copied()
+            .min_by_key(|s| s.metadata.name.as_deref().map(str::len));
+        let publisher = match &previous {
+            Some(pool) => pool.publisher.clone(),
+            None => first.and_then(|s| published_pool(s).publisher.map(str::to_owned)),
+        };
+        let instances = drivers.get(&driver).map_or(&[][..], Vec::as_slice);
+        let (agent, wake) = serving_instance(instances, publisher.as_deref(), reports, now);
+        plan.wake_at(wake);
         let content = agent.and_then(|agent| {
             let devices = agent.moment.offer.driver_devices(node.physical_devices)?;
             let withheld = if agent.fault == Fault::DropClaims {
@@ -676,12 +759,6 @@ fn plan_dra_drivers(
             registered: agent.moment.offer.serving(),
             report_at: reports.get(agent.uid).map(|r| r.at),
         });
-        let previous = memory.pools.remove(&driver);
-        // The first slice carries the pool's publisher.
-        let first = current
-            .iter()
-            .copied()
-            .min_by_key(|s| s.metadata.name.as_deref().map(str::len));
         let (pool, target, wake) = plan_pool(
             previous,
             first.map(published_pool),

@@ -44,7 +44,10 @@ const MAX_COUNTER_SETS: usize = 8;
 pub struct DriverPool {
     /// Generation of the pool as last published.
     pub generation: i64,
-    /// UID of the driver pod that published `generation`.
+    /// UID of the driver pod that published `generation`, or that withdrew
+    /// the pool since (`-broken`): a pod that publishes after it, even one
+    /// that published before (an older instance taking back), moves the
+    /// generation on.
     pub publisher: Option<String>,
     /// Since when no driver pod publishes (the slice goes after the status
     /// delay); `None` while one does.
@@ -223,7 +226,9 @@ pub fn gpu_index(device: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The newest running driver pod for the pool.
+/// The driver pod that serves the pool: the newest running one, or of two
+/// instances side by side the one the kubelet uses (see
+/// `model::node`'s driver instances).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DriverPod<'a> {
     pub uid: &'a str,
@@ -305,7 +310,11 @@ pub fn plan_pool(
             (pool, target, None)
         }
         // Registered, publishing nothing (`-broken`): it withdraws the pool.
-        Some((_, None)) => {
+        // Whoever publishes next takes over from it, so the generation moves
+        // on even when that is the pod that published before (an older
+        // instance the kubelet falls back to).
+        Some((uid, None)) => {
+            pool.publisher = Some(uid.to_owned());
             pool.stopped_since = None;
             (pool, SliceTarget::Absent, None)
         }
@@ -573,6 +582,25 @@ mod tests {
         assert_eq!((target, wake), (SliceTarget::Keep, Some(ts(21))));
         let (_, target, _) = plan_pool(Some(pool), None, broken, ts(21), &timings);
         assert_eq!(target, SliceTarget::Absent);
+    }
+
+    #[test]
+    fn a_pod_publishing_after_a_withdrawal_takes_over_even_when_it_published_before() {
+        let timings = Timings::default();
+        let (pool, _, _) = plan_pool(None, None, pod("old", Some(4)), ts(0), &timings);
+        let broken = Some(DriverPod {
+            uid: "new",
+            content: None,
+            registered: true,
+            report_at: None,
+        });
+        let (pool, target, _) = plan_pool(Some(pool), None, broken, ts(5), &timings);
+        assert_eq!(target, SliceTarget::Absent);
+        assert_eq!(pool.publisher.as_deref(), Some("new"));
+        // The older instance the kubelet falls back to publishes anew.
+        let (pool, target, _) = plan_pool(Some(pool), None, pod("old", Some(4)), ts(6), &timings);
+        assert_eq!(target, publish(4, 2, "old"));
+        assert_eq!(pool.publisher.as_deref(), Some("old"));
     }
 
     #[test]

@@ -1271,3 +1271,223 @@ fn a_report_delay_holds_the_plugins_devices_back_that_much_longer() {
     assert_eq!(plan.status_heartbeat, Some(ts(14)));
     assert_eq!(world.entries(GPU), (Some("0"), Some("0")));
 }
+
+// --- two instances of one DRA driver (rolling update) --------------------
+
+/// A driver pod that registers on a socket of its own.
+fn rolling(mut pod: Pod) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ROLLING_UPDATE_ANNOTATION.into(), "true".into());
+    pod
+}
+
+impl World {
+    /// The pool's first slice: (its publisher pod UID, generation), if any.
+    fn pool(&self) -> Option<(String, i64)> {
+        let slice = self.slices.first()?;
+        let publisher = published_pool(slice).publisher?.to_owned();
+        Some((publisher, slice.spec.pool.generation))
+    }
+
+    /// Steps through `from..=to`, checking that no step deletes a slice of
+    /// the pool (the pool always has its slices).
+    fn step_without_gap(&mut self, from: i64, to: i64) {
+        for at in from..=to {
+            let plan = self.step(at);
+            assert!(plan.slice_deletes.is_empty(), "slice deleted at {at}");
+            assert!(!self.slices.is_empty(), "no slice at {at}");
+        }
+    }
+}
+
+/// A world whose rolling-update driver `d1` has published its pool
+/// (generation 1) by second 1.
+fn published_by_d1(devices: u64) -> World {
+    let mut world = World::new(devices, vec![rolling(driver("d1", "driver:v1", 0))]);
+    world.step(0);
+    world.step(1);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 1)));
+    world
+}
+
+#[test]
+fn the_newer_registered_instance_serves_from_its_first_publication_without_a_gap() {
+    let mut world = published_by_d1(2);
+    world.pods.push(rolling(driver("d2", "driver:v2", 5)));
+    // d2 is Ready at 5 and publishes in the next second; d1 serves until
+    // then (its pod keeps running beside d2's).
+    let plan = world.step(5);
+    assert!(world.pod_ready("d2"));
+    assert_eq!(plan.next_change, Some(ts(6)));
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 1)));
+    world.step_without_gap(6, 6);
+    assert_eq!(world.pool(), Some(("uid-d2".into(), 2)));
+    assert_eq!(world.slice_devices(), Some((2, 2)));
+    // Both keep running; nothing more to do.
+    assert!(world.pod_ready("d1"));
+    assert!(world.plan(30).is_empty());
+}
+
+#[test]
+fn an_unregistered_newer_instance_leaves_the_older_one_serving() {
+    // Crash-looping: never registers, d1 serves throughout.
+    let mut world = published_by_d1(2);
+    world
+        .pods
+        .push(rolling(driver("d2", "driver:v2-crashloop", 5)));
+    world.step_without_gap(5, 30);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 1)));
+
+    // Slow: registers after the slow delay (Ready at 25), publishes at 26.
+    let mut world = published_by_d1(2);
+    world.pods.push(rolling(driver("d2", "driver:v2-slow", 5)));
+    world.step_without_gap(5, 25);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 1)));
+    world.step_without_gap(26, 26);
+    assert_eq!(world.pool(), Some(("uid-d2".into(), 2)));
+}
+
+#[test]
+fn the_older_instance_takes_back_when_the_newer_goes_without_a_gap() {
+    let mut world = published_by_d1(2);
+    world.pods.push(rolling(driver("d2", "driver:v2", 5)));
+    world.step_without_gap(5, 6);
+    assert_eq!(world.pool(), Some(("uid-d2".into(), 2)));
+
+    // Deleted (its deletion under way): the kubelet falls back to d1 at
+    // once, which publishes a new generation.
+    let d2 = world
+        .pods
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("d2"))
+        .unwrap();
+    d2.metadata.deletion_timestamp = Some(Time(ts(10)));
+    world.step_without_gap(10, 10);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 3)));
+    // Gone for good: still d1.
+    world.delete_pod("d2");
+    world.step_without_gap(11, 20);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 3)));
+
+    // Only once no instance is left does the pool go, after the status delay.
+    world.delete_pod("d1");
+    let plan = world.step(30);
+    assert!(plan.slice_deletes.is_empty());
+    assert_eq!(plan.next_change, Some(ts(31)));
+    world.step(31);
+    assert_eq!(world.slice_devices(), None);
+}
+
+#[test]
+fn the_new_instances_faults_apply_while_it_serves_and_the_old_takes_back_its_own_content() {
+    // -broken: withdraws the pool when its turn comes; d1 republishes once
+    // it goes.
+    let mut world = published_by_d1(2);
+    world
+        .pods
+        .push(rolling(driver("d2", "driver:v2-broken", 5)));
+    world.step(5);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 1)));
+    world.step(6);
+    assert_eq!(world.slice_devices(), None);
+    world.delete_pod("d2");
+    world.step(8);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 2)));
+    assert_eq!(world.slice_devices(), Some((2, 2)));
+
+    // -fewer: half the devices while it serves, all again after.
+    let mut world = published_by_d1(4);
+    world.pods.push(rolling(driver("d2", "driver:v2-fewer", 5)));
+    world.step_without_gap(5, 6);
+    assert_eq!(world.slice_devices(), Some((2, 2)));
+    world.delete_pod("d2");
+    world.step_without_gap(7, 7);
+    assert_eq!(world.slice_devices(), Some((4, 3)));
+}
+
+#[test]
+fn a_claim_allocated_before_the_handover_stays_usable_through_it() {
+    let mut world = published_by_d1(4);
+    world.claims = vec![allocated_claim("c1", "gpu-1")];
+    world.workloads = vec![workload("trainer", "Always", None, Some("c1"))];
+    let id = format!("{DEFAULT_DRIVER}/{NODE}/gpu-1");
+    let healthy = health_of(&[("claim:gpu", &id, "Healthy")]);
+    world.step(2);
+    assert_eq!(world.health("trainer"), healthy);
+
+    // A healthy new instance serves the same devices: the pod runs on.
+    world.pods.push(rolling(driver("d2", "driver:v2", 5)));
+    for at in 5..=8 {
+        world.step_without_gap(at, at);
+        assert_eq!(world.phase("trainer"), "Running", "at {at}");
+        assert_eq!(world.health("trainer"), healthy, "at {at}");
+    }
+    assert_eq!(world.pool(), Some(("uid-d2".into(), 2)));
+    world.delete_pod("d2");
+    world.step_without_gap(9, 9);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 3)));
+    assert_eq!(world.phase("trainer"), "Running");
+    assert_eq!(world.health("trainer"), healthy);
+
+    // A -dropclaims new instance withdraws the allocated device once it
+    // serves, and the pod fails then (not before).
+    world
+        .pods
+        .push(rolling(driver("d3", "driver:v3-dropclaims", 10)));
+    world.step(10);
+    assert_eq!(world.phase("trainer"), "Running");
+    let plan = world.plan(11);
+    world.apply(&plan);
+    assert_eq!(world.phase("trainer"), "Running");
+    world.step(11);
+    let devices: Vec<String> = world.slices[0]
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.clone())
+        .collect();
+    assert_eq!(devices, ["gpu-0", "gpu-2", "gpu-3"]);
+    assert_eq!(world.phase("trainer"), "Failed");
+}
+
+#[test]
+fn without_the_annotation_the_newer_instance_replaces_the_older_for_good() {
+    // Both on the driver's one socket: the newer serves from its first
+    // publication (as before) ...
+    let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
+    world.step(0);
+    world.step(1);
+    world.pods.push(driver("d2", "driver:v2", 5));
+    world.step(5);
+    world.step(6);
+    assert_eq!(world.pool(), Some(("uid-d2".into(), 2)));
+    // ... and once d2 goes, d1 (the newest left) is the driver again (as
+    // before: the sim keeps no record of whose socket was taken).
+    world.delete_pod("d2");
+    world.step(10);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 3)));
+
+    // A newer instance that never registers takes the socket all the same:
+    // the pool goes.
+    let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
+    world.step(0);
+    world.step(1);
+    world.pods.push(driver("d2", "driver:v2-crashloop", 5));
+    world.step(5);
+    world.step(6);
+    assert_eq!(world.slice_devices(), None);
+
+    // One annotated instance beside one that is not: two sockets, so two
+    // instances (the newer one serves, the older is its fallback).
+    let mut world = World::new(2, vec![driver("d1", "driver:v1", 0)]);
+    world.step(0);
+    world.step(1);
+    world
+        .pods
+        .push(rolling(driver("d2", "driver:v2-crashloop", 5)));
+    world.step_without_gap(5, 10);
+    assert_eq!(world.pool(), Some(("uid-d1".into(), 1)));
+}
