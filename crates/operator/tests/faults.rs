@@ -33,8 +33,8 @@ use serde_json::json;
 use support::faults::{FaultProxy, FaultStats};
 use support::{
     GPUS, Identity, Operator, condition, create_plugin_daemonset, create_rollout, default_spec,
-    free_loopback_port, http_get, is_leader, poll, sample_pods, set_template_image, wait_adopted,
-    wait_agents, wait_status,
+    free_loopback_port, http_get, is_leader, operator_args_default_lease, poll, sample_pods,
+    set_template_image, wait_adopted, wait_agents, wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -445,15 +445,7 @@ fn operator_through(
     port: u16,
     what: &str,
 ) -> anyhow::Result<Operator> {
-    let args: Vec<String> = [
-        "--namespace",
-        ns,
-        "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = operator_args_default_lease(ns, &format!("127.0.0.1:{port}"));
     Operator::start(
         Identity::Impersonate(&proxy.kubeconfig, OPERATOR_SA),
         &args,
@@ -787,15 +779,7 @@ async fn a_compaction_that_expires_every_watch_mid_rollout_lists_again_and_repea
     let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
     create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
     let port = free_loopback_port()?;
-    let args: Vec<String> = [
-        "--namespace",
-        &env.ns.name,
-        "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = operator_args_default_lease(&env.ns.name, &format!("127.0.0.1:{port}"));
     let started = Timestamp::now();
     // The caches' watch errors are logged at debug (by their reflector loop,
     // `controller::freshness`), as JSON: the 410s are read there.
@@ -1062,15 +1046,7 @@ async fn a_leader_frozen_past_its_lease_with_its_writes_delayed_never_writes_bes
     let proxies = [&env.proxy, &second];
     let mut replicas = Vec::new();
     for (i, (proxy, port)) in proxies.iter().zip(ports).enumerate() {
-        let args: Vec<String> = [
-            "--namespace",
-            &env.ns.name,
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = operator_args_default_lease(&env.ns.name, &format!("127.0.0.1:{port}"));
         let kubeconfig = proxy.kubeconfig_as(OPERATOR_SA, REPLICA_EXTRA, &i.to_string())?;
         replicas.push(Operator::start(
             Identity::Kubeconfig(&kubeconfig),

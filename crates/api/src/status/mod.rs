@@ -3,7 +3,7 @@
 //! the operator keeps its vectors sorted (stages by index, gate results in
 //! evaluation order, blocked revisions by time).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::apps::v1::DaemonSetUpdateStrategy;
@@ -484,6 +484,19 @@ impl SafeRolloutStatus {
     /// The status of stage `index`, if recorded.
     pub fn stage(&self, index: i32) -> Option<&StageStatus> {
         self.stages.iter().find(|s| s.index == index)
+    }
+
+    /// The nodes the rollout holds: those of its current stage and the
+    /// stages before it (none while no stage is current).
+    pub fn held_nodes(&self) -> BTreeSet<&str> {
+        let Some(current) = self.current_stage else {
+            return BTreeSet::new();
+        };
+        self.stages
+            .iter()
+            .filter(|s| s.index <= current)
+            .flat_map(|s| s.nodes.iter().map(String::as_str))
+            .collect()
     }
 }
 

@@ -243,60 +243,35 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
         }
         Observation::InBounds => {
             let since = since_for("WithinBounds", None);
-            let left = soak::remaining(since, snap.now, soak);
-            let (status, reason, message) = if left.is_none() {
-                (
-                    GateStatus::Passed,
-                    "WithinBounds",
-                    // No elapsed time in messages: status must not change while nothing does.
-                    format!(
-                        "{} within bounds on all {} nodes (soak {}s)",
-                        gate.resource,
-                        snap.nodes.len(),
-                        soak.as_secs()
-                    ),
-                )
-            } else if deadline_passed {
-                (
-                    GateStatus::Failed,
-                    "Unstable",
-                    format!(
-                        "{} did not stay within bounds for {}s on every node before the progress deadline (flapping)",
-                        gate.resource,
-                        soak.as_secs()
-                    ),
-                )
+            let (status, recheck) =
+                soak::outcome(since, snap.now, soak, deadline_passed, GateStatus::Passed);
+            if status == GateStatus::Failed {
+                let message = format!(
+                    "{} did not stay within bounds for {}s on every node before the progress deadline (flapping)",
+                    gate.resource,
+                    soak.as_secs()
+                );
+                let r = result(&name, status, "Unstable", message);
+                soak::verdict(r, snap.now, recheck)
             } else {
-                (
-                    GateStatus::Pending,
-                    "WithinBounds",
-                    format!(
-                        "{} within bounds on all {} nodes (soak {}s)",
-                        gate.resource,
-                        snap.nodes.len(),
-                        soak.as_secs()
-                    ),
+                // No elapsed time in messages: status must not change while nothing does.
+                let message = format!(
+                    "{} within bounds on all {} nodes (soak {}s)",
+                    gate.resource,
+                    snap.nodes.len(),
+                    soak.as_secs()
+                );
+                soak::verdict(
+                    result(&name, status, "WithinBounds", message),
+                    since,
+                    recheck,
                 )
-            };
-            let mut r = result(&name, status, reason, message);
-            r.since = Some(Time(if status == GateStatus::Failed {
-                snap.now
-            } else {
-                since
-            }));
-            Verdict {
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
             }
         }
         Observation::OutOfBounds(v, violating) => {
             let since = since_for(v.reason, Some(&v.node));
-            let left = soak::remaining(since, snap.now, soak);
-            let status = if left.is_none() || deadline_passed {
-                GateStatus::Failed
-            } else {
-                GateStatus::Pending
-            };
+            let (status, recheck) =
+                soak::outcome(since, snap.now, soak, deadline_passed, GateStatus::Failed);
             let what = if v.reason == "BelowMinimum" {
                 "lost devices"
             } else {
@@ -318,11 +293,9 @@ pub fn evaluate(gate: &AllocatableGate, snap: &Snapshot, previous: Option<&GateR
             r.node = Some(v.node);
             r.observed = Some(v.observed.to_string());
             r.expected = Some(v.expected);
-            r.since = Some(Time(since));
             Verdict {
                 violating,
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
+                ..soak::verdict(r, since, recheck)
             }
         }
     };

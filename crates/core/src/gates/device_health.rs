@@ -255,12 +255,8 @@ pub fn evaluate(
                 "Unknown"
             };
             let since = soak::since(previous, reason, Some(&node), snap.now);
-            let left = soak::remaining(since, snap.now, window);
-            let status = if left.is_none() || deadline {
-                GateStatus::Failed
-            } else {
-                GateStatus::Pending
-            };
+            let (status, recheck) =
+                soak::outcome(since, snap.now, window, deadline, GateStatus::Failed);
             let more = if count > 1 {
                 format!(" (and {} more on the node)", count - 1)
             } else {
@@ -287,11 +283,9 @@ pub fn evaluate(
             r.node = Some(node);
             r.observed = Some(first.health);
             r.expected = Some("Healthy".into());
-            r.since = Some(Time(since));
             Verdict {
                 violating,
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
+                ..soak::verdict(r, since, recheck)
             }
         }
     }

@@ -188,12 +188,8 @@ pub fn evaluate(
         }
         Observation::New(f, violating) => {
             let since = soak::since(previous, f.reason, Some(&f.node), snap.now);
-            let left = soak::remaining(since, snap.now, soak_for);
-            let status = if left.is_none() || deadline {
-                GateStatus::Failed
-            } else {
-                GateStatus::Pending
-            };
+            let (status, recheck) =
+                soak::outcome(since, snap.now, soak_for, deadline, GateStatus::Failed);
             let mut r = result(
                 NAME,
                 status,
@@ -207,22 +203,16 @@ pub fn evaluate(
                 "an untainted device".into()
             });
             r.node = Some(f.node);
-            r.since = Some(Time(since));
             Verdict {
                 violating,
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
+                ..soak::verdict(r, since, recheck)
             }
         }
         Observation::Settled(None, _) => {
             let since = soak::since(previous, "TaintsUnchanged", None, snap.now);
-            let left = soak::remaining(since, snap.now, soak_for);
-            let status = match left {
-                None => GateStatus::Passed,
-                Some(_) if deadline => GateStatus::Failed,
-                Some(_) => GateStatus::Pending,
-            };
-            let mut r = result(
+            let (status, recheck) =
+                soak::outcome(since, snap.now, soak_for, deadline, GateStatus::Passed);
+            let r = result(
                 NAME,
                 status,
                 if status == GateStatus::Failed {
@@ -236,22 +226,17 @@ pub fn evaluate(
                     soak_for.as_secs()
                 ),
             );
-            r.since = Some(Time(since));
-            Verdict {
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
-            }
+            soak::verdict(r, since, recheck)
         }
         Observation::Settled(Some(f), cleared_nodes) => {
             let fail = gate.cleared_taints == ClearedTaints::Fail;
             let since = soak::since(previous, f.reason, Some(&f.node), snap.now);
-            let left = soak::remaining(since, snap.now, soak_for);
-            let status = match left {
-                None if fail => GateStatus::Failed,
-                None => GateStatus::Passed,
-                Some(_) if deadline => GateStatus::Failed,
-                Some(_) => GateStatus::Pending,
+            let held = if fail {
+                GateStatus::Failed
+            } else {
+                GateStatus::Passed
             };
+            let (status, recheck) = soak::outcome(since, snap.now, soak_for, deadline, held);
             let policy = if fail {
                 "clearedTaints: Fail"
             } else {
@@ -266,13 +251,11 @@ pub fn evaluate(
             r.observed = Some(format!("{} cleared", f.entries.len()));
             r.expected = Some("health taints kept".into());
             r.node = Some(f.node);
-            r.since = Some(Time(since));
             Verdict {
                 // Laundering that fails stops further replacements while it soaks.
                 violating: if fail { cleared_nodes } else { BTreeSet::new() },
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
                 warning: (status == GateStatus::Passed).then_some(message),
-                ..Verdict::new(r)
+                ..soak::verdict(r, since, recheck)
             }
         }
     }

@@ -302,45 +302,33 @@ pub fn evaluate(
         }
         Observation::InBounds => {
             let since = soak::since(previous, "SlicesPublished", None, snap.now);
-            let left = soak::remaining(since, snap.now, soak_for);
-            let message = format!(
-                "driver {} publishes complete pools within bounds on all {} nodes (soak {}s)",
-                gate.driver,
-                snap.nodes.len(),
-                soak_for.as_secs()
-            );
-            let (status, reason, message) = match left {
-                None => (GateStatus::Passed, "SlicesPublished", message),
-                Some(_) if deadline => (
-                    GateStatus::Failed,
-                    "Unstable",
-                    format!(
-                        "the ResourceSlices of driver {} did not stay complete and within bounds for {}s before the progress deadline",
-                        gate.driver,
-                        soak_for.as_secs()
-                    ),
-                ),
-                Some(_) => (GateStatus::Pending, "SlicesPublished", message),
-            };
-            let mut r = result(NAME, status, reason, message);
-            r.since = Some(Time(if status == GateStatus::Failed {
-                snap.now
+            let (status, recheck) =
+                soak::outcome(since, snap.now, soak_for, deadline, GateStatus::Passed);
+            if status == GateStatus::Failed {
+                let message = format!(
+                    "the ResourceSlices of driver {} did not stay complete and within bounds for {}s before the progress deadline",
+                    gate.driver,
+                    soak_for.as_secs()
+                );
+                soak::verdict(result(NAME, status, "Unstable", message), snap.now, recheck)
             } else {
-                since
-            }));
-            Verdict {
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
+                let message = format!(
+                    "driver {} publishes complete pools within bounds on all {} nodes (soak {}s)",
+                    gate.driver,
+                    snap.nodes.len(),
+                    soak_for.as_secs()
+                );
+                soak::verdict(
+                    result(NAME, status, "SlicesPublished", message),
+                    since,
+                    recheck,
+                )
             }
         }
         Observation::OutOfBounds(v, violating) => {
             let since = soak::since(previous, v.reason, Some(&v.node), snap.now);
-            let left = soak::remaining(since, snap.now, soak_for);
-            let status = if left.is_none() || deadline {
-                GateStatus::Failed
-            } else {
-                GateStatus::Pending
-            };
+            let (status, recheck) =
+                soak::outcome(since, snap.now, soak_for, deadline, GateStatus::Failed);
             let mut r = result(
                 NAME,
                 status,
@@ -350,11 +338,9 @@ pub fn evaluate(
             r.node = Some(v.node);
             r.observed = Some(v.observed);
             r.expected = Some(v.expected);
-            r.since = Some(Time(since));
             Verdict {
                 violating,
-                recheck_after: left.filter(|_| status == GateStatus::Pending),
-                ..Verdict::new(r)
+                ..soak::verdict(r, since, recheck)
             }
         }
     };

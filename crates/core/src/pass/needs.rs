@@ -218,23 +218,10 @@ fn template(
     }
 }
 
-/// The nodes status says the rollout holds (stages up to the current one).
-fn held_nodes(status: &SafeRolloutStatus) -> BTreeSet<&str> {
-    let Some(current) = status.current_stage else {
-        return BTreeSet::new();
-    };
-    status
-        .stages
-        .iter()
-        .filter(|s| s.index <= current)
-        .flat_map(|s| s.nodes.iter().map(String::as_str))
-        .collect()
-}
-
 /// The logs gate's look at the new agents on the nodes the rollout holds.
 fn logs(gate: &LogsGate, known: &Known<'_>) -> Vec<LogNeed> {
     let target = known.status.target_revision.as_deref().unwrap_or_default();
-    let held = held_nodes(known.status);
+    let held = known.status.held_nodes();
     known
         .pods
         .iter()
@@ -342,7 +329,7 @@ fn current_gates(status: &SafeRolloutStatus) -> &[GateResult] {
 /// Ready new agent (a measurement is evidence about the new agents).
 fn measurements(known: &Known<'_>) -> Option<Measurements> {
     let status = known.status;
-    let held: Vec<&str> = held_nodes(status).into_iter().collect();
+    let held: Vec<&str> = status.held_nodes().into_iter().collect();
     if held.is_empty() {
         return None;
     }
@@ -405,7 +392,11 @@ pub fn pods_to_watch(spec: &SafeRolloutSpec, status: &SafeRolloutStatus) -> BTre
     if !read || !under_way {
         return BTreeSet::new();
     }
-    held_nodes(status).into_iter().map(str::to_string).collect()
+    status
+        .held_nodes()
+        .into_iter()
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]

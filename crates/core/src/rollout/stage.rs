@@ -87,7 +87,7 @@ pub(super) fn roll(
 
     // Every node the rollout holds now, and their baselines.
     // (Borrowed from the snapshot, not from status, which changes below.)
-    let rollout_nodes: Vec<&str> = held_nodes(st, index)
+    let rollout_nodes: Vec<&str> = held_nodes_through(st, index)
         .into_iter()
         .filter_map(|n| o.nodes.get(n).map(|v| v.name))
         .collect();
@@ -324,8 +324,11 @@ fn carry_replacements_in_flight(o: &Observed, st: &mut SafeRolloutStatus) {
     st.converging_nodes.dedup();
 }
 
-/// The nodes stages up to `index` hold now, sorted.
-fn held_nodes(st: &SafeRolloutStatus, index: usize) -> Vec<&str> {
+/// The nodes stages up to `index` hold now, sorted. Not
+/// [`SafeRolloutStatus::held_nodes`]: `index` is the stage this pass works
+/// on (stage 0 while status names none, the spec's last stage while status
+/// names one beyond it), and a sorted list is cheaper here than a set (below).
+fn held_nodes_through(st: &SafeRolloutStatus, index: usize) -> Vec<&str> {
     let mut held: Vec<&str> = st
         .stages
         .iter()
@@ -417,7 +420,7 @@ fn reconcile_membership(
     // Names borrowed from the snapshot (every node still held is in it, see
     // above), so the status can change below; hashed, as every node of the
     // cluster is looked up in it on every pass.
-    let mut held: HashSet<&str, foldhash::fast::FixedState> = held_nodes(st, index)
+    let mut held: HashSet<&str, foldhash::fast::FixedState> = held_nodes_through(st, index)
         .into_iter()
         .filter_map(|n| o.nodes.get(n).map(|v| v.name))
         .collect();

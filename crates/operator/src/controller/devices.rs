@@ -400,7 +400,11 @@ pub fn spawn(
                     send(&c, &t, &|sr| {
                         has_claims_gate(sr)
                             && (sr.metadata.namespace.as_deref() == ns
-                                || node.is_some_and(|n| held_nodes(sr.status.as_ref()).contains(n)))
+                                || node.is_some_and(|n| {
+                                    sr.status
+                                        .as_ref()
+                                        .is_some_and(|st| st.held_nodes().contains(n))
+                                }))
                     });
                 }
                 Event::InitDone => send(&c, &t, &has_claims_gate),
@@ -462,21 +466,6 @@ fn id_of(sr: &SafeRollout) -> String {
 
 fn has_claims_gate(sr: &SafeRollout) -> bool {
     sr.spec.gates.as_ref().is_some_and(|g| g.claims.is_some())
-}
-
-/// The nodes the rollout holds in its current stage and those before it.
-pub fn held_nodes(status: Option<&SafeRolloutStatus>) -> BTreeSet<&str> {
-    let Some(st) = status else {
-        return BTreeSet::new();
-    };
-    let Some(current) = st.current_stage else {
-        return BTreeSet::new();
-    };
-    st.stages
-        .iter()
-        .filter(|s| s.index <= current)
-        .flat_map(|s| s.nodes.iter().map(String::as_str))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -791,8 +780,10 @@ pub fn gather(sr: &SafeRollout, d: &DeviceCaches) -> DeviceWorld {
         (true, Some(store)) => store.state(),
         _ => Vec::new(),
     };
-    let pods = held_nodes(sr.status.as_ref())
-        .into_iter()
+    let pods = sr
+        .status
+        .iter()
+        .flat_map(SafeRolloutStatus::held_nodes)
         .filter_map(|n| Some((n.to_string(), d.node_pods.pods(n)?)))
         .collect();
     let probes = d

@@ -207,19 +207,18 @@ pub async fn poll<T>(
 /// renewed 1 s before it expires, so a killed operator of an earlier test
 /// holds the next one back that long at most.
 pub fn operator_args(namespaces: &str, metrics_addr: &str, lease: u64) -> Vec<String> {
-    [
-        "--namespace",
-        namespaces,
-        "--metrics-addr",
-        metrics_addr,
-        "--lease-duration",
-        &lease.to_string(),
-        "--lease-grace",
-        "1",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect()
+    let mut args = operator_args_default_lease(namespaces, metrics_addr);
+    let lease = lease.to_string();
+    args.extend(["--lease-duration", &lease, "--lease-grace", "1"].map(String::from));
+    args
+}
+
+/// [`operator_args`] with the operator's own lease settings, for the tests
+/// of what those settings do under faults.
+pub fn operator_args_default_lease(namespaces: &str, metrics_addr: &str) -> Vec<String> {
+    ["--namespace", namespaces, "--metrics-addr", metrics_addr]
+        .map(String::from)
+        .to_vec()
 }
 
 /// How the operator authenticates.
