@@ -1065,12 +1065,32 @@ async fn setup(prefix: &str) -> anyhow::Result<Setup> {
     })
 }
 
-#[tokio::test]
-async fn make_before_break_keeps_an_agent_ready_on_each_node() -> anyhow::Result<()> {
-    let _serial = NODE_STATE.lock().await;
-    let _clean = NodeCleanup;
-    let s = setup("selector-mbb").await?;
-    let rollout = "rc";
+/// In which order [`hand_every_node_over`] moves each node.
+#[derive(Clone, Copy)]
+enum Order {
+    BreakBeforeMake,
+    MakeBeforeBreak,
+}
+
+/// What a node-by-node handover of every node left to judge.
+struct HandedOver {
+    s: Setup,
+    /// The pod events from the canary's creation on.
+    events: Vec<Seen>,
+    /// The target's pod on each node before the handover, by node.
+    old: BTreeMap<String, String>,
+    /// The canary DaemonSet's UID.
+    c_uid: String,
+}
+
+/// Starts the target and the canary, then moves every node to the canary
+/// one at a time in `order`, recording every pod event.
+async fn hand_every_node_over(
+    prefix: &str,
+    rollout: &str,
+    order: Order,
+) -> anyhow::Result<HandedOver> {
+    let s = setup(prefix).await?;
     let rec = Recorder::start(&s.pods).await?;
     let t_uid = ds_uid(&start_target(&s.dss, &s.pods).await?);
     prepare_target(&s.dss, rollout).await?;
@@ -1078,11 +1098,36 @@ async fn make_before_break_keeps_an_agent_ready_on_each_node() -> anyhow::Result
     let from = rec.len();
     let c_uid = ds_uid(&start_canary(&s.dss, rollout).await?);
     for n in node_names() {
-        move_make_before_break(&s.nodes, &s.pods, rollout, &n, &t_uid, &c_uid).await?;
+        match order {
+            Order::BreakBeforeMake => {
+                move_break_before_make(&s.nodes, &s.pods, rollout, &n, &t_uid, &c_uid).await?
+            }
+            Order::MakeBeforeBreak => {
+                move_make_before_break(&s.nodes, &s.pods, rollout, &n, &t_uid, &c_uid).await?
+            }
+        }
     }
     let last = s.pods.list(&ListParams::default()).await?.items;
     rec.catch_up(&s.pods, &name(&last[0])).await?;
     let events = rec.since(from);
+    Ok(HandedOver {
+        s,
+        events,
+        old,
+        c_uid,
+    })
+}
+
+#[tokio::test]
+async fn make_before_break_keeps_an_agent_ready_on_each_node() -> anyhow::Result<()> {
+    let _serial = NODE_STATE.lock().await;
+    let _clean = NodeCleanup;
+    let HandedOver {
+        s,
+        events,
+        old,
+        c_uid,
+    } = hand_every_node_over("selector-mbb", "rc", Order::MakeBeforeBreak).await?;
     for n in node_names() {
         let new = created_on(&events, &c_uid, &n);
         assert_eq!(new.len(), 1, "{n}: {new:?}");
@@ -1105,20 +1150,12 @@ async fn make_before_break_keeps_an_agent_ready_on_each_node() -> anyhow::Result
 async fn break_before_make_removes_the_old_agent_before_the_new_one_exists() -> anyhow::Result<()> {
     let _serial = NODE_STATE.lock().await;
     let _clean = NodeCleanup;
-    let s = setup("selector-bbm").await?;
-    let rollout = "rbbm";
-    let rec = Recorder::start(&s.pods).await?;
-    let t_uid = ds_uid(&start_target(&s.dss, &s.pods).await?);
-    prepare_target(&s.dss, rollout).await?;
-    let old = by_node(&s.pods.list(&ListParams::default()).await?.items, &t_uid);
-    let from = rec.len();
-    let c_uid = ds_uid(&start_canary(&s.dss, rollout).await?);
-    for n in node_names() {
-        move_break_before_make(&s.nodes, &s.pods, rollout, &n, &t_uid, &c_uid).await?;
-    }
-    let last = s.pods.list(&ListParams::default()).await?.items;
-    rec.catch_up(&s.pods, &name(&last[0])).await?;
-    let events = rec.since(from);
+    let HandedOver {
+        s,
+        events,
+        old,
+        c_uid,
+    } = hand_every_node_over("selector-bbm", "rbbm", Order::BreakBeforeMake).await?;
     for n in node_names() {
         let new = created_on(&events, &c_uid, &n);
         assert_eq!(new.len(), 1, "{n}: {new:?}");
