@@ -544,19 +544,9 @@ async fn move_break_before_make(
     c: &str,
 ) -> anyhow::Result<()> {
     set_node_label(nodes, node, &old_off(rollout), Some("true")).await?;
-    // Gone from the API, not just terminating.
-    wait_pods(pods, |ps| {
-        !ps.iter()
-            .any(|p| owner_uid(p) == Some(t) && node_of(p) == node)
-    })
-    .await?;
+    wait_gone_from(pods, t, node).await?;
     set_node_label(nodes, node, &new_on(rollout), Some("true")).await?;
-    wait_pods(pods, |ps| {
-        let on = owned_on(ps, c, node);
-        on.len() == 1 && ready(on[0])
-    })
-    .await?;
-    Ok(())
+    wait_ready_on(pods, c, node).await
 }
 
 /// Make before break on one node: `new-on`, C's pod Ready, then `old-off`,
@@ -570,15 +560,27 @@ async fn move_make_before_break(
     c: &str,
 ) -> anyhow::Result<()> {
     set_node_label(nodes, node, &new_on(rollout), Some("true")).await?;
-    wait_pods(pods, |ps| {
-        let on = owned_on(ps, c, node);
-        on.len() == 1 && ready(on[0])
-    })
-    .await?;
+    wait_ready_on(pods, c, node).await?;
     set_node_label(nodes, node, &old_off(rollout), Some("true")).await?;
+    wait_gone_from(pods, t, node).await
+}
+
+/// Waits until no pod of `owner` is left on `node`: gone from the API, not
+/// just terminating.
+async fn wait_gone_from(pods: &Api<Pod>, owner: &str, node: &str) -> anyhow::Result<()> {
     wait_pods(pods, |ps| {
         !ps.iter()
-            .any(|p| owner_uid(p) == Some(t) && node_of(p) == node)
+            .any(|p| owner_uid(p) == Some(owner) && node_of(p) == node)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until `owner` has exactly one pod on `node`, and it is Ready.
+async fn wait_ready_on(pods: &Api<Pod>, owner: &str, node: &str) -> anyhow::Result<()> {
+    wait_pods(pods, |ps| {
+        let on = owned_on(ps, owner, node);
+        on.len() == 1 && ready(on[0])
     })
     .await?;
     Ok(())
@@ -852,13 +854,14 @@ async fn promotion_by_release_hands_every_pod_to_the_target_without_a_restart() 
 async fn promotion(handover: Handover, prefix: &str, rollout: &str) -> anyhow::Result<()> {
     let _serial = NODE_STATE.lock().await;
     let _clean = NodeCleanup;
-    let c = cluster();
-    let ns = c.namespace(prefix).await?;
-    let client = c.client().await?;
-    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), &ns.name);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let crs: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns.name);
-    let nodes: Api<Node> = Api::all(client.clone());
+    // `_ns` keeps the namespace until the test ends.
+    let Setup {
+        ns: _ns,
+        dss,
+        pods,
+        crs,
+        nodes,
+    } = setup(prefix).await?;
     let rec = Recorder::start(&pods).await?;
 
     let t = start_target(&dss, &pods).await?;
@@ -1194,11 +1197,7 @@ async fn revert_brings_the_old_agent_back_and_an_abort_restarts_nothing() -> any
     // Revert, break before make in reverse: new-on off, C's pod gone, old-off off.
     for n in moved {
         set_node_label(&s.nodes, n, &new_on(rollout), None).await?;
-        wait_pods(&s.pods, |ps| {
-            !ps.iter()
-                .any(|p| owner_uid(p) == Some(c_uid.as_str()) && node_of(p) == n)
-        })
-        .await?;
+        wait_gone_from(&s.pods, &c_uid, n).await?;
         set_node_label(&s.nodes, n, &old_off(rollout), None).await?;
         wait_pods(&s.pods, |ps| {
             let on = owned_on(ps, &t_uid, n);
