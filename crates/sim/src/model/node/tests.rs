@@ -202,6 +202,17 @@ impl World {
             .is_some_and(|c| c.status == "True")
     }
 
+    /// The names of the devices in the first slice.
+    fn device_names(&self) -> Vec<String> {
+        self.slices[0]
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
     fn slice_devices(&self) -> Option<(usize, i64)> {
         let slice = self.slices.first()?;
         Some((
@@ -1059,14 +1070,7 @@ fn dra_workloads_report_claim_health_and_dropped_claims_fail_their_pods() {
     world.pods = vec![driver("d3", "driver:v3-dropclaims", 7)];
     world.step(7);
     world.step(8);
-    let devices: Vec<String> = world.slices[0]
-        .spec
-        .devices
-        .iter()
-        .flatten()
-        .map(|d| d.name.clone())
-        .collect();
-    assert_eq!(devices, ["gpu-0", "gpu-2", "gpu-3"]);
+    assert_eq!(world.device_names(), ["gpu-0", "gpu-2", "gpu-3"]);
     assert_eq!(world.phase("trainer"), "Failed");
     // Planned again a second later (before the ended status is seen), the
     // pod ends at the same time, with the same log: the sim holds an ended
@@ -1442,14 +1446,7 @@ fn a_claim_allocated_before_the_handover_stays_usable_through_it() {
     world.apply(&plan);
     assert_eq!(world.phase("trainer"), "Running");
     world.step(11);
-    let devices: Vec<String> = world.slices[0]
-        .spec
-        .devices
-        .iter()
-        .flatten()
-        .map(|d| d.name.clone())
-        .collect();
-    assert_eq!(devices, ["gpu-0", "gpu-2", "gpu-3"]);
+    assert_eq!(world.device_names(), ["gpu-0", "gpu-2", "gpu-3"]);
     assert_eq!(world.phase("trainer"), "Failed");
 }
 
