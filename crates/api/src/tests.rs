@@ -812,3 +812,30 @@ fn schema_defaults_are_valid_values() {
         Ok(Duration::from_secs(600))
     );
 }
+
+#[test]
+fn held_nodes_are_those_of_the_current_stage_and_before_and_holds_node_agrees() {
+    let stage = |index: i32, nodes: &[&str]| StageStatus {
+        index,
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    };
+    let mut st = SafeRolloutStatus {
+        stages: vec![stage(0, &["a"]), stage(1, &["b", "c"]), stage(2, &["d"])],
+        ..Default::default()
+    };
+    assert!(st.held_nodes().is_empty(), "no current stage holds nothing");
+    assert!(!st.holds_node("a"));
+    st.current_stage = Some(1);
+    assert_eq!(
+        st.held_nodes().into_iter().collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+    for node in ["a", "b", "c", "d", "e"] {
+        assert_eq!(
+            st.holds_node(node),
+            st.held_nodes().contains(node),
+            "{node}"
+        );
+    }
+}

@@ -401,7 +401,7 @@ mod tests {
                                 )
                             }
                             HandoverStep::Move { to, costs } => {
-                                if order == MakeBeforeBreak && start != Drain {
+                                if order == MakeBeforeBreak {
                                     assert!(
                                         !costs,
                                         "{toward:?} from {start:?}: {state:?} -> {to:?} costs"

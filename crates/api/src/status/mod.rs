@@ -489,14 +489,24 @@ impl SafeRolloutStatus {
     /// The nodes the rollout holds: those of its current stage and the
     /// stages before it (none while no stage is current).
     pub fn held_nodes(&self) -> BTreeSet<&str> {
-        let Some(current) = self.current_stage else {
-            return BTreeSet::new();
-        };
-        self.stages
-            .iter()
-            .filter(|s| s.index <= current)
+        self.held_stages()
             .flat_map(|s| s.nodes.iter().map(String::as_str))
             .collect()
+    }
+
+    /// Whether the rollout holds `node` ([`Self::held_nodes`] without
+    /// building the set: asked once per event of a cache).
+    pub fn holds_node(&self, node: &str) -> bool {
+        self.held_stages()
+            .any(|s| s.nodes.iter().any(|n| n == node))
+    }
+
+    /// The current stage and the stages before it.
+    fn held_stages(&self) -> impl Iterator<Item = &StageStatus> {
+        let current = self.current_stage;
+        self.stages
+            .iter()
+            .filter(move |s| current.is_some_and(|c| s.index <= c))
     }
 }
 

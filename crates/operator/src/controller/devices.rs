@@ -401,9 +401,7 @@ pub fn spawn(
                         has_claims_gate(sr)
                             && (sr.metadata.namespace.as_deref() == ns
                                 || node.is_some_and(|n| {
-                                    sr.status
-                                        .as_ref()
-                                        .is_some_and(|st| st.held_nodes().contains(n))
+                                    sr.status.as_ref().is_some_and(|st| st.holds_node(n))
                                 }))
                     });
                 }
