@@ -807,7 +807,6 @@ fn plan_dra_drivers(
     services
 }
 
-/// Devices of `driver` in the pool `pool` that some claim is allocated.
 /// Whether the node's published pool of `driver` lists `device`.
 fn published(slices: &[&ResourceSlice], driver: &str, node: &str, device: &str) -> bool {
     slices.iter().any(|slice| {
@@ -826,6 +825,7 @@ fn published(slices: &[&ResourceSlice], driver: &str, node: &str, device: &str) 
     })
 }
 
+/// Devices of `driver` in the pool `pool` that some claim is allocated.
 fn allocated_devices(claims: &[&ResourceClaim], driver: &str, pool: &str) -> BTreeSet<String> {
     claims
         .iter()
