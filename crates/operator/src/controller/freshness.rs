@@ -138,7 +138,15 @@ impl fmt::Display for StoreKey {
 /// and a deadline that passed while the watch was silent would fail a gate
 /// on them (it did, in the silent-watch fault test).
 #[derive(Default)]
-struct Heard(AtomicU64, tokio::sync::Notify, AtomicBool);
+struct Heard {
+    /// When it last heard, in milliseconds since [`Freshness`] began (0
+    /// until its first word: silence then counts from the start).
+    at_ms: AtomicU64,
+    /// A pass asks the store to list again.
+    list_again: tokio::sync::Notify,
+    /// A list is under way: nothing heard counts until it is stored.
+    listing: AtomicBool,
+}
 
 /// Every tracked store's last word from the API server.
 pub struct Freshness {
@@ -195,22 +203,22 @@ impl Freshness {
     }
 
     fn mark(&self, heard: &Heard) {
-        if heard.2.load(Ordering::Acquire) {
+        if heard.listing.load(Ordering::Acquire) {
             return;
         }
         let now = self.epoch.elapsed().as_millis() as u64;
-        heard.0.fetch_max(now.max(1), Ordering::Relaxed);
+        heard.at_ms.fetch_max(now.max(1), Ordering::Relaxed);
     }
 
     /// How long `heard` has been silent.
     fn silence(&self, heard: &Heard) -> Duration {
-        let at = Duration::from_millis(heard.0.load(Ordering::Relaxed));
+        let at = Duration::from_millis(heard.at_ms.load(Ordering::Relaxed));
         self.epoch.elapsed().saturating_sub(at)
     }
 
     /// When `heard` was last marked, in wall-clock milliseconds.
     fn wall_clock_ms(&self, heard: &Heard) -> i64 {
-        self.epoch_wall.as_millisecond() + heard.0.load(Ordering::Relaxed) as i64
+        self.epoch_wall.as_millisecond() + heard.at_ms.load(Ordering::Relaxed) as i64
     }
 
     /// When `heard` was last marked, in wall-clock whole seconds.
@@ -242,7 +250,7 @@ impl Freshness {
             .iter()
             .filter(|(k, h)| wanted(k) && self.wall_clock_ms(h) < since)
         {
-            heard.1.notify_one();
+            heard.list_again.notify_one();
             asked += 1;
         }
         asked
@@ -317,14 +325,14 @@ pub fn reflect<K>(
                         // `Init` says a list is starting: no word from the API
                         // server yet, and none counts until the list is stored.
                         if matches!(ev, Event::Init) {
-                            heard.2.store(true, Ordering::Release);
+                            heard.listing.store(true, Ordering::Release);
                         }
                         listed |= matches!(ev, Event::InitDone);
                         writer.apply_watcher_event(&ev);
                         // The store now holds what the event says: it vouches
                         // for now (a list's end included).
                         if matches!(ev, Event::InitDone) {
-                            heard.2.store(false, Ordering::Release);
+                            heard.listing.store(false, Ordering::Release);
                         }
                         if !matches!(ev, Event::Init | Event::InitApply(_)) {
                             freshness.mark(&heard);
@@ -344,11 +352,11 @@ pub fn reflect<K>(
                 },
                 // A pass asked for a list (see `Freshness::refresh`); not more
                 // than once in `REFRESH_INTERVAL`, however many passes ask.
-                _ = heard.1.notified() => {
+                _ = heard.list_again.notified() => {
                     if refreshed.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL) {
                         debug!(store = %key, "listing again: a deadline is due and this store has heard nothing since it passed");
                         refreshed = Some(Instant::now());
-                        heard.2.store(true, Ordering::Release);
+                        heard.listing.store(true, Ordering::Release);
                         stream = start();
                     }
                 }
@@ -363,7 +371,7 @@ pub fn reflect<K>(
                         warn!(store = %key, silent_for = ?silence, "the watch has delivered nothing, not even a bookmark, for longer than --watch-stale-after: the passes reading this store hold, and a new watch starts (a list, then a watch)");
                         metrics.watch_restarted(&resource);
                         restarted = Some(Instant::now());
-                        heard.2.store(true, Ordering::Release);
+                        heard.listing.store(true, Ordering::Release);
                         stream = start();
                     } else if !stale {
                         restarted = None;
