@@ -41,6 +41,7 @@ pub mod quantity;
 pub mod schema;
 pub mod spec;
 pub mod status;
+pub mod strategy;
 pub mod validate;
 
 pub use consts::*;
@@ -55,6 +56,7 @@ pub use gates::{
     ProbeResources, PrometheusGate, PrometheusTls, ResourceSlicesGate, STAGE_NODES_PLACEHOLDER,
     SecretKeyRef, UnreadablePolicy,
 };
+pub use strategy::{Agent, AgentKind, HandoverOrder, Strategy};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use quantity::{count_of, quantity_count};
 pub use spec::{

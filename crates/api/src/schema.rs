@@ -233,8 +233,18 @@ pub(crate) fn health_resource(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// Sets the `x-kubernetes-validations` of a schema.
+/// Adds `x-kubernetes-validations` entries to a schema, after any it has
+/// (several modules add rules to the spec's schema).
 pub(crate) fn add_rules(s: &mut Schema, rules: serde_json::Value) {
-    s.insert("x-kubernetes-validations".into(), rules);
+    let serde_json::Value::Array(new) = rules else {
+        panic!("x-kubernetes-validations is a list");
+    };
+    match s.get_mut("x-kubernetes-validations") {
+        Some(serde_json::Value::Array(existing)) => existing.extend(new),
+        _ => {
+            s.insert("x-kubernetes-validations".into(), serde_json::Value::Array(new));
+        }
+    }
 }
 
 /// Marks a per-node field of a stage's status (a map or a list) atomic for

@@ -15,6 +15,7 @@ use crate::failure::{self, OnFailure, QuarantineEffect, QuarantineSpec, Quaranti
 use crate::gates::{AllocatableGate, Gates, LogsGate, ProbeGate, PrometheusGate};
 use crate::schema::{self, MAX_STAGES, MSG_MAX_UNAVAILABLE, MSG_STAGE_NODES, MSG_TARGET_NAME};
 use crate::status::SafeRolloutStatus;
+use crate::strategy::{self, Agent, AgentKind, HandoverOrder, Strategy};
 use crate::validate::{Errors, FieldError, Validate, is_count_or_percent, is_dns1123_subdomain};
 
 /// SafeRolloutSpec is the desired state of a staged, gated rollout of one
@@ -43,7 +44,7 @@ use crate::validate::{Errors, FieldError, Validate, is_count_or_percent, is_dns1
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = failure::spec_rules)]
+#[schemars(transform = spec_rules)]
 pub struct SafeRolloutSpec {
     /// The DaemonSet to roll out. It must be in the SafeRollout's namespace.
     pub target_ref: TargetRef,
@@ -61,6 +62,20 @@ pub struct SafeRolloutSpec {
     /// Where the first stage (the canary) may run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
+
+    /// How a node's agent is replaced: InPlace (default: the target
+    /// DaemonSet is set to OnDelete and its pods deleted node by node) or
+    /// Selector (the new template runs in a canary DaemonSet and a node label
+    /// moves nodes to it, stage by stage; needs `template`). Fixed for the
+    /// SafeRollout's life.
+    #[serde(default, skip_serializing_if = "is_in_place")]
+    #[schemars(schema_with = "strategy::strategy_schema")]
+    pub strategy: Strategy,
+
+    /// What the DaemonSet runs and, for `strategy: Selector`, the order in
+    /// which a node's old and new agents hand over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Agent>,
 
     /// The stages of a rollout, in order. Each stage's `nodes` is cumulative:
     /// how many nodes run the new revision once the stage is done. When absent:
@@ -118,6 +133,16 @@ pub struct SafeRolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = failure::quarantine_rules)]
     pub quarantine: Option<QuarantineSpec>,
+}
+
+fn is_in_place(s: &Strategy) -> bool {
+    *s == Strategy::InPlace
+}
+
+/// The CEL rules on the whole spec, from the modules that own them.
+fn spec_rules(s: &mut schemars::Schema) {
+    failure::spec_rules(s);
+    strategy::spec_rules(s);
 }
 
 fn is_revert(p: &OnFailure) -> bool {
@@ -232,6 +257,8 @@ impl SafeRolloutSpec {
             },
             template: None,
             canary: None,
+            strategy: Strategy::InPlace,
+            agent: None,
             stages: None,
             max_unavailable: default_max_unavailable(),
             progress_deadline: default_progress_deadline(),
@@ -256,6 +283,11 @@ impl SafeRolloutSpec {
             stages.push(Stage::new(IntOrString::String("100%".into())));
         }
         stages
+    }
+
+    /// The handover order a `Selector` rollout keeps on each node.
+    pub fn handover_order(&self) -> HandoverOrder {
+        self.agent.map(|a| a.handover).unwrap_or_default()
     }
 
     /// `spec.template` as a typed PodTemplateSpec (`None` when absent).
@@ -457,6 +489,23 @@ impl Validate for SafeRolloutSpec {
         }
         if self.on_failure == OnFailure::Quarantine && self.quarantine_target().is_none() {
             errors.push(format!("{path}.onFailure"), failure::MSG_QUARANTINE_TARGET);
+        }
+        // The rules on spec that read strategy, agent and template together
+        // (`strategy::spec_rules`).
+        if self.strategy == Strategy::Selector && self.template.is_none() {
+            errors.push(
+                format!("{path}.strategy"),
+                strategy::MSG_SELECTOR_NEEDS_TEMPLATE,
+            );
+        }
+        if let Some(agent) = &self.agent
+            && agent.handover == HandoverOrder::MakeBeforeBreak
+            && (agent.kind != Some(AgentKind::DraDriver) || self.strategy != Strategy::Selector)
+        {
+            errors.push(
+                format!("{path}.agent.handover"),
+                strategy::MSG_MAKE_BEFORE_BREAK_KIND,
+            );
         }
     }
 }
