@@ -112,7 +112,24 @@ pub fn refusals(
     quarantine(spec, limits, &mut out);
     probes(spec, limits, agent_tolerations, &mut out);
     log_patterns(spec, &mut out);
+    strategy(spec, &mut out);
     out
+}
+
+/// `strategy: Selector` is accepted by the schema (so manifests written for
+/// it validate) while the operator cannot run it yet: it is refused here, so
+/// such a SafeRollout touches nothing rather than rolling out `InPlace`
+/// behind its author's back.
+fn strategy(spec: &SafeRolloutSpec, out: &mut Vec<Refusal>) {
+    if spec.strategy == saferollout_api::Strategy::Selector {
+        refuse(
+            out,
+            "spec.strategy".into(),
+            "Selector is not run by this version of the operator yet \
+             (docs/design/selector-strategy.md); use InPlace"
+                .into(),
+        );
+    }
 }
 
 fn refuse(out: &mut Vec<Refusal>, field: String, message: String) {
@@ -541,5 +558,14 @@ mod tests {
         let r = refusals(&spec, &AdminLimits::default(), &[]);
         assert_eq!(fields(&r), ["spec.gates.logs.patterns[1]"]);
         assert!(r[0].message.contains("does not compile"), "{}", r[0]);
+    }
+
+    #[test]
+    fn the_selector_strategy_is_refused_until_the_operator_runs_it() {
+        let mut spec = spec_with(Gates::default());
+        assert_eq!(refusals(&spec, &AdminLimits::default(), &[]), []);
+        spec.strategy = saferollout_api::Strategy::Selector;
+        let r = refusals(&spec, &AdminLimits::default(), &[]);
+        assert_eq!(fields(&r), ["spec.strategy"]);
     }
 }
