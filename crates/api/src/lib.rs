@@ -56,7 +56,6 @@ pub use gates::{
     ProbeResources, PrometheusGate, PrometheusTls, ResourceSlicesGate, STAGE_NODES_PLACEHOLDER,
     SecretKeyRef, UnreadablePolicy,
 };
-pub use strategy::{Agent, AgentKind, HandoverOrder, Strategy};
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use quantity::{count_of, quantity_count};
 pub use spec::{
@@ -69,6 +68,7 @@ pub use status::{
     QuarantineRecord, QuarantinedPool, ResourceCounts, SafeRolloutStatus, StageState, StageStatus,
     StoppedRollout,
 };
+pub use strategy::{Agent, AgentKind, HandoverOrder, Strategy};
 pub use validate::{Errors, FieldError, Validate};
 
 // Former paths, kept so that `saferollout_api::devices::MAX_RECORDED`,

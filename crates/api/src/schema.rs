@@ -242,7 +242,10 @@ pub(crate) fn add_rules(s: &mut Schema, rules: serde_json::Value) {
     match s.get_mut("x-kubernetes-validations") {
         Some(serde_json::Value::Array(existing)) => existing.extend(new),
         _ => {
-            s.insert("x-kubernetes-validations".into(), serde_json::Value::Array(new));
+            s.insert(
+                "x-kubernetes-validations".into(),
+                serde_json::Value::Array(new),
+            );
         }
     }
 }

@@ -103,6 +103,9 @@ pub fn untolerated<'t>(
     taints
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        // A `Selector` promotion's taint holds the DaemonSet controllers
+        // still for a moment; the node keeps running its agent.
+        .filter(|t| t.key != crate::selector::promotion::PROMOTING_TAINT)
         .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
         .filter(|t| {
             let Some(placement) = daemon else {

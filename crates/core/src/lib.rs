@@ -45,6 +45,7 @@ pub mod plan;
 pub mod preflight;
 pub mod revision;
 pub mod rollout;
+pub mod selector;
 pub mod transitions;
 pub mod views;
 

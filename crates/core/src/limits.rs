@@ -39,6 +39,10 @@ pub struct AdminLimits {
     /// Every address and Secret is allowed: planning without an operator
     /// (the CLI) and the model; never set from a flag.
     pub any_address: bool,
+    /// `strategy: Selector` may run: the model's and the planner's engine
+    /// runs it; the operator does not yet (its executor is not built), so
+    /// it never sets this.
+    pub selector_strategy: bool,
 }
 
 /// No limit at all: for planning and tests, never for the operator.
@@ -48,6 +52,7 @@ pub static UNLIMITED: AdminLimits = AdminLimits {
     quarantine_no_execute: true,
     privileged_probes: true,
     any_address: true,
+    selector_strategy: true,
 };
 
 impl AdminLimits {
@@ -112,7 +117,7 @@ pub fn refusals(
     quarantine(spec, limits, &mut out);
     probes(spec, limits, agent_tolerations, &mut out);
     log_patterns(spec, &mut out);
-    strategy(spec, &mut out);
+    strategy(spec, limits, &mut out);
     out
 }
 
@@ -120,8 +125,8 @@ pub fn refusals(
 /// it validate) while the operator cannot run it yet: it is refused here, so
 /// such a SafeRollout touches nothing rather than rolling out `InPlace`
 /// behind its author's back.
-fn strategy(spec: &SafeRolloutSpec, out: &mut Vec<Refusal>) {
-    if spec.strategy == saferollout_api::Strategy::Selector {
+fn strategy(spec: &SafeRolloutSpec, limits: &AdminLimits, out: &mut Vec<Refusal>) {
+    if spec.strategy == saferollout_api::Strategy::Selector && !limits.selector_strategy {
         refuse(
             out,
             "spec.strategy".into(),

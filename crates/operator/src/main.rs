@@ -149,6 +149,8 @@ fn limits(args: &Args) -> anyhow::Result<saferollout_core::limits::AdminLimits> 
         quarantine_no_execute: args.quarantine_allow_no_execute,
         privileged_probes: args.allow_privileged_probes,
         any_address: false,
+        // Refused until the operator's Selector executor lands.
+        selector_strategy: false,
     })
 }
 

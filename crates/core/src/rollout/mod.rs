@@ -43,6 +43,8 @@ mod model;
 #[cfg(test)]
 mod properties;
 #[cfg(test)]
+mod selector_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;

@@ -29,6 +29,8 @@ pub struct Checker {
     failed_agents: BTreeSet<String>,
     /// Per revision: the nodes that ever got a pod of it.
     pub touched: BTreeMap<String, BTreeSet<String>>,
+    /// Per node: agent pods created on it so far.
+    pub created: BTreeMap<String, usize>,
     /// Per stage index: most nodes seen on the target at once.
     pub max_on_target: BTreeMap<usize, usize>,
     /// The budget (`maxUnavailable` resolved against the covered nodes) the
@@ -46,6 +48,7 @@ pub struct Checker {
 impl Checker {
     /// An agent pod of `revision` was created on `node`.
     pub fn record_pod(&mut self, node: &str, revision: &str) {
+        *self.created.entry(node.to_string()).or_default() += 1;
         self.touched
             .entry(revision.to_string())
             .or_default()

@@ -25,8 +25,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use saferollout_api::{ROLLOUT_LABEL, STAGE_LABEL, ZONE_LABEL};
 
 use super::ROLLOUT_ID;
+use super::selector::SelectorCluster;
 use crate::eligibility::eligibility;
 use crate::objects::Quantities;
+use crate::selector::Owner;
 use crate::views::{AgentPod, NodeView, Placement, RolloutLabels};
 
 pub const GPUS: i64 = 8;
@@ -168,7 +170,13 @@ pub struct MPod {
     pub name: String,
     pub uid: String,
     pub node: String,
+    /// The revision by content (what the agent runs).
     pub revision: String,
+    /// Which DaemonSet owns it (`Selector`: the target or the canary).
+    pub owner: Owner,
+    /// Its `controller-revision-hash` as its owner wrote it: the revision,
+    /// except under `Selector` (see `model/selector.rs`).
+    pub hash: String,
     /// Seconds since the pod was created.
     pub age: i64,
     pub created: Timestamp,
@@ -252,6 +260,9 @@ pub struct Cluster {
     /// ([`content_of`]) when the operator wrote it, anything when someone
     /// else created it first.
     pub backup_content: Option<String>,
+    /// Under `Selector`: the canary DaemonSet and the target's handover
+    /// expression; `None` under `InPlace`.
+    pub selector: Option<SelectorCluster>,
     /// Objects the API server has created, for the next one's name and UID
     /// (and, for a deleted pod, its grace period).
     created: usize,
@@ -303,6 +314,7 @@ impl Cluster {
             },
             backup: None,
             backup_content: None,
+            selector: None,
             created: 0,
         }
     }
@@ -338,6 +350,18 @@ impl Cluster {
 
     /// An agent pod of `revision` on `node`, just created.
     pub fn create_pod(&mut self, node: &str, revision: &str, now: Timestamp) {
+        self.create_owned_pod(node, revision, Owner::Target, revision, now);
+    }
+
+    /// An agent pod of `revision` owned by `owner`, labelled `hash`.
+    pub fn create_owned_pod(
+        &mut self,
+        node: &str,
+        revision: &str,
+        owner: Owner,
+        hash: &str,
+        now: Timestamp,
+    ) {
         self.created += 1;
         let uid = format!("uid-{}", self.created);
         self.pods.insert(
@@ -347,6 +371,8 @@ impl Cluster {
                 uid,
                 node: node.to_string(),
                 revision: revision.to_string(),
+                owner,
+                hash: hash.to_string(),
                 age: 0,
                 created: now,
                 deleted: None,
@@ -453,6 +479,12 @@ impl Cluster {
                 p.ready_since = p.ready.then_some(now);
             }
         }
+        if self.selector.is_some() {
+            let created = self.selector_controllers(now);
+            self.advertise(now, releases);
+            self.run_probes();
+            return created;
+        }
         // The DaemonSet controller: a pod on every covered node without one,
         // once the old one has terminated, only with updates OnDelete.
         let mut created = Vec::new();
@@ -516,7 +548,12 @@ impl Cluster {
     pub fn advertise(&mut self, now: Timestamp, releases: &BTreeMap<String, Release>) {
         let pods: Vec<MPod> = self.pods.values().cloned().collect();
         for node in self.nodes.values_mut() {
-            let serving = pods.iter().find(|p| p.node == node.name && p.serves());
+            // With two agents on a node (a make-before-break handover), the
+            // kubelet uses the newer one.
+            let serving = pods
+                .iter()
+                .filter(|p| p.node == node.name && p.serves())
+                .max_by_key(|p| p.created);
             if let Some(ready) = serving.and_then(|p| p.ready_since)
                 && node.status_written.as_second() <= ready.as_second()
                 && now.as_second() > ready.as_second()
@@ -704,6 +741,7 @@ impl Cluster {
                 (
                     &p.uid,
                     &p.revision,
+                    (p.owner, &p.hash),
                     p.running,
                     p.ready,
                     &p.waiting,
@@ -716,16 +754,17 @@ impl Cluster {
             .values()
             // Not allocatable: a flapping plugin that became stable changes it
             // forever, and a rollout that watches it has a timer pending anyway.
-            .map(|n| (&n.name, &n.labels, n.ready))
+            .map(|n| (&n.name, &n.labels, n.ready, &n.taints))
             .collect();
         format!(
-            "{:?}{:?}{:?}{:?}{:?}{:?}",
+            "{:?}{:?}{:?}{:?}{:?}{:?}{:?}",
             self.ds.template,
             self.ds.observed_generation,
             self.ds.revisions,
             pods,
             (nodes, &self.backup, &self.backup_content),
-            self.probes
+            self.probes,
+            self.selector,
         )
     }
 }

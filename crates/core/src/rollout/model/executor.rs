@@ -146,12 +146,25 @@ impl Model {
         }
         let decided_generation = seen.daemonset.ds.generation;
         let mut lose = losses.first_action;
-        for a in &plan.actions {
-            if lose {
-                lose = false;
-                continue;
+        if self.cluster.selector.is_some() {
+            // Under Selector the pass's actions become steps, and what goes
+            // on by itself follows them.
+            let pods = self.selector_pods(&seen);
+            for step in self.selector_steps(&seen, &pods, &plan.actions) {
+                if lose {
+                    lose = false;
+                    continue;
+                }
+                self.perform_step(&step, decided_generation);
             }
-            self.perform(a, decided_generation);
+        } else {
+            for a in &plan.actions {
+                if lose {
+                    lose = false;
+                    continue;
+                }
+                self.perform(a, decided_generation);
+            }
         }
         for e in &plan.events {
             self.perform(e, decided_generation);
@@ -227,25 +240,43 @@ impl Model {
             .collect();
         self.expectations
             .apply_labels(&mut node_views, super::ROLLOUT_ID, self.now);
-        let mut pods = PodsByNode::default();
-        for p in seen.pods.pods.values() {
-            pods.entry(p.node.as_str()).or_default().push(p.view());
-        }
-        self.expectations.apply(&mut pods, self.now);
+        let selector_pods;
+        let pods = if self.cluster.selector.is_some() {
+            selector_pods = self.selector_pods(seen);
+            let ctx = self.selector_context(seen, &selector_pods);
+            let mut pods = crate::selector::engine_pods(&selector_pods, &ctx);
+            self.expectations.apply(&mut pods, self.now);
+            pods
+        } else {
+            let mut pods = PodsByNode::default();
+            for p in seen.pods.pods.values() {
+                pods.entry(p.node.as_str()).or_default().push(p.view());
+            }
+            self.expectations.apply(&mut pods, self.now);
+            pods
+        };
         let sel = BTreeMap::from([(GPU_NODE_LABEL.to_string(), "true".to_string())]);
         let ds_c = &seen.daemonset;
         let strategy = DaemonSetUpdateStrategy {
             type_: Some(ds_c.ds.strategy.clone()),
             ..Default::default()
         };
-        let current =
-            Some(ds_c.ds.template.as_str()).filter(|t| ds_c.ds.revisions.contains_key(*t));
+        let (carrier, known) = self.template_carrier(ds_c);
+        let current = Some(carrier.template.as_str())
+            .filter(|t| carrier.revisions.contains_key(*t))
+            .filter(|_| carrier.observed_generation >= carrier.generation);
+        let both_observed = ds_c.ds.observed_generation >= ds_c.ds.generation
+            && carrier.observed_generation >= carrier.generation;
         let ds = DaemonSetView {
-            generation: ds_c.ds.generation,
-            observed_generation: ds_c.ds.observed_generation,
+            generation: carrier.generation,
+            observed_generation: if both_observed {
+                carrier.generation
+            } else {
+                carrier.generation - 1
+            },
             update_strategy: Some(&strategy),
             current_revision: current,
-            known_revisions: ds_c.ds.revisions.keys().map(String::as_str).collect(),
+            known_revisions: known,
             placement: Placement {
                 node_selector: Some(&sel),
                 ..Default::default()
@@ -254,7 +285,7 @@ impl Model {
         let spec_revision = self.spec_hash.as_ref().map(|h| format!("spec-{h}"));
         let spec_template = self.spec_hash.as_deref().map(|hash| SpecTemplate {
             hash,
-            in_place: spec_revision.as_deref() == Some(ds_c.ds.template.as_str()),
+            in_place: spec_revision.as_deref() == Some(carrier.template.as_str()),
         });
         let proof = crate::gates::proof::ProofEvidence {
             probe_pods: seen
@@ -283,11 +314,10 @@ impl Model {
             ..Default::default()
         };
         let evidence = crate::gates::Evidence::default().with_proof(&proof);
-        let contents: BTreeMap<String, String> = ds_c
-            .ds
-            .revisions
-            .keys()
-            .map(|r| (r.clone(), content_of(r)))
+        let contents: BTreeMap<String, String> = ds
+            .known_revisions
+            .iter()
+            .map(|r| (r.to_string(), content_of(r)))
             .collect();
         let backup_name =
             crate::rollout::backup_name("plugin", ds_c.backup.as_deref().unwrap_or_default());
@@ -325,6 +355,27 @@ impl Model {
             caches_heard_at: self.caches_heard_at,
         };
         decide(&o)
+    }
+
+    /// The DaemonSet whose template the engine sees as the DaemonSet's (the
+    /// canary while it is active under `Selector`, else the target) and
+    /// every revision either has.
+    fn template_carrier<'c>(
+        &self,
+        c: &'c Cluster,
+    ) -> (&'c super::cluster::MDaemonSet, Vec<&'c str>) {
+        let mut known: Vec<&str> = c.ds.revisions.keys().map(String::as_str).collect();
+        let canary = c
+            .selector
+            .as_ref()
+            .and_then(|s| s.canary.as_ref())
+            .filter(|c| !c.retiring);
+        if let Some(sel) = c.selector.as_ref().and_then(|s| s.canary.as_ref()) {
+            known.extend(sel.ds.revisions.keys().map(String::as_str));
+            known.sort_unstable();
+            known.dedup();
+        }
+        (canary.map_or(&c.ds, |c| &c.ds), known)
     }
 
     /// Sends one action of a pass decided on DaemonSet generation

@@ -19,6 +19,7 @@
 mod checker;
 mod cluster;
 mod executor;
+mod selector;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -65,7 +66,7 @@ pub struct Model {
     /// went silent (`None`: they vouch for now).
     pub caches_heard_at: Option<Timestamp>,
     /// What the operator's caches show.
-    caches: Caches,
+    pub(super) caches: Caches,
     pub label_writer: LabelWriter,
     /// Every action the passes performed.
     pub actions_log: Vec<Action>,
