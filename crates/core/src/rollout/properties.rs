@@ -39,6 +39,7 @@ use proptest::prelude::*;
 use saferollout_api::{DurationString, OnFailure, Phase, Stage};
 
 use super::model::{Lag, Losses, Model, Release};
+use crate::handover::HandoverOrder;
 
 #[derive(Debug, Clone)]
 enum Fault {
@@ -79,6 +80,8 @@ struct Scenario {
     probe: Option<i32>,
     /// The allocatable gate's soak.
     allocatable_soak: &'static str,
+    /// `strategy: Selector` (GitOps mode) with this handover order.
+    selector: Option<HandoverOrder>,
     steps: Vec<Step>,
 }
 
@@ -149,6 +152,11 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         ],
         prop::option::of(1i32..4),
         prop_oneof![Just("0s"), Just("1s"), Just("3s"), Just("10s")],
+        prop_oneof![
+            2 => Just(None),
+            1 => Just(Some(HandoverOrder::BreakBeforeMake)),
+            1 => Just(Some(HandoverOrder::MakeBeforeBreak)),
+        ],
         prop::collection::vec(step(), 20..250),
     )
         .prop_map(
@@ -162,6 +170,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 on_failure,
                 probe,
                 allocatable_soak,
+                selector,
                 steps,
             )| {
                 Scenario {
@@ -170,10 +179,12 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     stages,
                     deadline_secs,
                     release,
-                    gitops,
                     on_failure,
                     probe,
                     allocatable_soak,
+                    // Selector needs spec.template (GitOps mode).
+                    gitops: gitops || selector.is_some(),
+                    selector,
                     steps,
                 }
             },
@@ -186,7 +197,10 @@ fn node_name(m: &Model, i: usize) -> Option<String> {
 }
 
 fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
-    let mut m = Model::new(s.nodes);
+    let mut m = match s.selector {
+        Some(order) => Model::new_selector(s.nodes, order),
+        None => Model::new(s.nodes),
+    };
     m.spec.on_failure = s.on_failure;
     m.spec.max_unavailable = s.max_unavailable.clone();
     m.spec.progress_deadline = DurationString::new(format!("{}s", s.deadline_secs));
@@ -207,7 +221,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         }
     }
     // Start from a settled rollout of the first template.
-    let first = if s.gitops {
+    let first = if s.selector.is_some() {
+        "spec-g1".to_string()
+    } else if s.gitops {
         m.spec_hash = Some("g1".into());
         m.cluster.ds.template = "spec-g1".into();
         m.cluster.ds.revisions.insert("spec-g1".into(), 1);
@@ -232,6 +248,11 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         generation += 1;
     };
     new_template(&mut m, s.release);
+    let created_before = m.checker.created.clone();
+    // The template changes once: a node's agent is replaced at most once
+    // (the promotion restarts none), unless a gate fails or the rollout is
+    // interrupted by another template, an abort or a retry.
+    let mut one_release = s.release == Release::Healthy;
     let mut added = 0;
     for step in &s.steps {
         if let Some(f) = &step.fault {
@@ -258,16 +279,24 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
                     m.add_node(&format!("node-new-{added}"), added);
                 }
                 Fault::RestartOperator => m.restart_operator(),
-                Fault::NewTemplate(r) => new_template(&mut m, *r),
+                Fault::NewTemplate(r) => {
+                    one_release = false;
+                    new_template(&mut m, *r)
+                }
                 Fault::RevertTemplate => {
+                    one_release = false;
                     if s.gitops {
                         m.spec_hash = Some("g1".into());
                     } else {
                         m.write_revision(&first, Release::Healthy);
                     }
                 }
-                Fault::Abort => m.abort = m.status.target_revision.clone(),
+                Fault::Abort => {
+                    one_release = false;
+                    m.abort = m.status.target_revision.clone()
+                }
                 Fault::Retry => {
+                    one_release = false;
                     m.retry = m
                         .status
                         .blocked_revisions
@@ -361,7 +390,7 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         .status
         .stopped
         .clone()
-        .filter(|st| st.revision == m.cluster.ds.template)
+        .filter(|st| st.revision == m.carrier_template())
     {
         // Stopped on the revision the DaemonSet carries: it says so and stays.
         let reason = crate::conditions::get(&m.status.conditions, crate::conditions::STALLED)
@@ -389,6 +418,32 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.status
     );
     prop_assert!(m.labelled().is_empty(), "labels left: {:?}", m.labelled());
+    if s.selector.is_some() {
+        // Quarantined nodes keep the agent they run (no DaemonSet controller
+        // replaces a pod under an untolerated taint), the canary's included,
+        // and the canary with them.
+        if let Err(left) = m.selector_cleared(&quarantined) {
+            return Err(TestCaseError::fail(format!(
+                "Selector left: {left}\ntrace:\n{}",
+                m.trace.join("\n")
+            )));
+        }
+        if one_release && m.status.stable_revision.as_deref() == m.status.target_revision.as_deref()
+        {
+            for (node, n) in &m.checker.created {
+                let before = created_before.get(node).copied();
+                // Nodes that joined got a pod of the old template first.
+                if let Some(before) = before {
+                    prop_assert!(
+                        n - before <= 1,
+                        "{node}'s agent was created {} times\ntrace:\n{}",
+                        n - before,
+                        m.trace.join("\n")
+                    );
+                }
+            }
+        }
+    }
     prop_assert!(
         m.cluster.probes.is_empty(),
         "probe pods left: {:?}",

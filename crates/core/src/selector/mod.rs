@@ -221,7 +221,9 @@ pub struct Context<'a> {
     pub stable: Option<&'a str>,
     /// Nodes of the stages of the current rollout that passed: under
     /// make-before-break a node keeps its old agent (the kubelet's fallback)
-    /// until its stage's gates have judged the new one.
+    /// until its stage's gates have judged the new one, or the whole
+    /// revision passed (a node a stage let go, NotReady for a while, is not
+    /// judged again by a stage).
     pub judged: std::collections::BTreeSet<&'a str>,
     /// What the promotion reads.
     pub promotion: PromotionFacts<'a>,
@@ -238,6 +240,7 @@ impl Context<'_> {
             && state == HandoverState::Surge
             && self.pair.toward() == Toward::New
             && !self.judged.contains(node)
+            && (self.stable.is_none() || self.stable != self.pair.current())
         {
             return HandoverStep::Wait(crate::handover::HandoverWait::Arriving);
         }
@@ -287,9 +290,14 @@ pub fn translate(action: Action, ctx: &Context) -> Vec<Step> {
         action,
         Action::ApplySpecTemplate | Action::RestoreLastGood { .. }
     );
-    if template_write && !ctx.promotion.tainted.is_empty() {
-        // A promotion under way finishes first (it holds every node still);
-        // the engine asks again on a later pass.
+    let promoting = ctx.pair.canary_active()
+        && ctx.pair.canary.and_then(|c| c.revision).is_some()
+        && ctx.pair.canary.and_then(|c| c.revision) == ctx.stable;
+    if template_write && (promoting || !ctx.promotion.tainted.is_empty()) {
+        // The canary's revision passed: it is the stable one and lives only
+        // in the canary's pods until the promotion hands them to the target,
+        // so nothing changes the canary before (the engine asks again on a
+        // later pass).
         return Vec::new();
     }
     match action {

@@ -77,17 +77,27 @@ pub(super) fn next(ctx: &Context) -> Option<PromotionStep> {
     let pods = ctx.pods.values().flatten();
     let (target_pods, canary_pods): (Vec<&super::OwnedPod>, Vec<&super::OwnedPod>) =
         pods.partition(|p| p.owner == Owner::Target);
-    // Pods the target runs of another revision (a node that joined): the
-    // engine replaces them first. (Released pods are the target's already,
-    // on the promoted revision.)
-    let old_agents = target_pods
-        .iter()
-        .any(|p| p.pod.deleting || p.pod.revision != promoted);
+    // The target's pods leaving handed-over nodes go first (the target,
+    // without its expression, would keep them beside the released ones).
+    // Its pods on nodes never handed over (NotReady during the stages, or
+    // joined since) stay: the target is OnDelete, and once promoted the
+    // engine replaces them like any node behind the stable revision.
+    // (Released pods are the target's already, on the promoted revision.)
+    let old_agents = target_pods.iter().any(|p| {
+        p.pod.deleting
+            || (p.pod.revision != promoted && ctx.state(p.pod.node) != HandoverState::Old)
+    });
     let all_new = ctx
         .states
         .values()
         .all(|s| matches!(s, HandoverState::Old | HandoverState::New));
-    if old_agents || !all_new || canary_pods.iter().any(|p| p.pod.deleting) {
+    // A canary pod of an older canary template (the canary is OnDelete):
+    // the engine replaces it first; released, it would pass for the
+    // promoted revision under the target's hash.
+    let stale_canary = canary_pods
+        .iter()
+        .any(|p| p.pod.deleting || p.pod.revision != promoted);
+    if old_agents || !all_new || stale_canary {
         return None;
     }
     let untainted: Vec<String> = ctx

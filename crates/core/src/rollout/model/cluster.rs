@@ -605,7 +605,14 @@ impl Cluster {
     /// Creates the last-good backup of `revision`; one that exists already
     /// (409) is kept, whatever it holds.
     pub fn create_backup(&mut self, revision: &str) {
-        if self.ds.revisions.contains_key(revision) && self.backup.as_deref() != Some(revision) {
+        // Under Selector, the canary's revisions are the DaemonSet's too.
+        let canary_knows = self
+            .selector
+            .as_ref()
+            .and_then(|s| s.canary.as_ref())
+            .is_some_and(|c| c.ds.revisions.contains_key(revision));
+        let known = self.ds.revisions.contains_key(revision) || canary_knows;
+        if known && self.backup.as_deref() != Some(revision) {
             self.backup = Some(revision.to_string());
             self.backup_content = Some(content_of(revision));
         }

@@ -191,8 +191,10 @@ impl Model {
             }
         }
         panic!(
-            "did not settle in {max_ticks} ticks; status: {:#?}",
-            self.status
+            "did not settle in {max_ticks} ticks; status: {:#?}\ncluster: {:#?}\ntrace:\n{}",
+            self.status,
+            (&self.cluster.selector, &self.cluster.pods, &self.cluster.nodes),
+            self.trace[self.trace.len().saturating_sub(8)..].join("\n")
         );
     }
 

@@ -266,6 +266,59 @@ impl Model {
         m
     }
 
+    /// The revision the engine sees as the DaemonSet's template: the active
+    /// canary's under `Selector`, else the target's.
+    pub fn carrier_template(&self) -> &str {
+        self.cluster
+            .selector
+            .as_ref()
+            .and_then(|s| s.canary.as_ref())
+            .filter(|c| !c.retiring)
+            .map_or(&self.cluster.ds.template, |c| &c.ds.template)
+    }
+
+    /// Nothing of the strategy is left: no canary, handover label or
+    /// promotion taint, the target's template without the expression, every
+    /// pod the target's with its current hash. Else what is left. A node in
+    /// `quarantined` keeping a canary pod keeps the canary too (its pod
+    /// would go with it), and so the handover of every node: the promotion
+    /// waits for the quarantine to be lifted.
+    pub fn selector_cleared(&self, quarantined: &[String]) -> Result<(), String> {
+        let sel = self.cluster.sel();
+        let held = self
+            .cluster
+            .pods
+            .values()
+            .any(|p| p.owner == Owner::Canary && quarantined.contains(&p.node));
+        if held {
+            return Ok(());
+        }
+        if let Some(c) = &sel.canary {
+            return Err(format!("the canary: {c:?}"));
+        }
+        if sel.target_expression {
+            return Err("the target's handover expression".into());
+        }
+        for n in self.cluster.nodes.values() {
+            if n.labels.contains_key(&sel.key) {
+                return Err(format!("{}'s handover label", n.name));
+            }
+            if n.taints.iter().any(is_promoting) {
+                return Err(format!("{}'s promotion taint", n.name));
+            }
+        }
+        for p in self.cluster.pods.values() {
+            if quarantined.contains(&p.node) {
+                continue;
+            }
+            let hash = target_hash(&self.cluster.ds.template, sel.target_expression);
+            if p.owner != Owner::Target || p.hash != hash {
+                return Err(format!("pod {p:?}"));
+            }
+        }
+        Ok(())
+    }
+
     /// The pods a pass sees, with their owners and the operator's memory
     /// of its deletions (a pod it took away moments ago shows as leaving).
     pub(super) fn selector_pods<'s>(&mut self, seen: &'s Seen) -> Vec<OwnedPod<'s>> {
