@@ -52,6 +52,12 @@ pub const RESOURCES: &str = "SR107";
 pub const PRIORITY_CLASS: &str = "SR108";
 /// No tolerations: nodes with taints get no plugin.
 pub const NO_TOLERATIONS: &str = "SR109";
+/// A gated agent's image is mutable: no tag, a moving tag (`latest`, `devel`,
+/// ...), or `imagePullPolicy: Always` without a digest.
+pub const MUTABLE_IMAGE: &str = "SR110";
+/// A device plugin set to keep running after failing to initialise
+/// (`FAIL_ON_INIT_ERROR=false`) with no gate that counts its devices.
+pub const FAIL_ON_INIT_ERROR: &str = "SR111";
 
 // Pod Security Admission (SR2xx), when the namespace's level is known.
 
@@ -202,6 +208,16 @@ pub const ALL: &[CodeInfo] = &[
         NO_TOLERATIONS,
         Severity::Info,
         "no tolerations: tainted nodes get no plugin",
+    ),
+    info(
+        MUTABLE_IMAGE,
+        Severity::Error,
+        "a gated agent's image has no digest and a moving tag (or none, or pull policy Always)",
+    ),
+    info(
+        FAIL_ON_INIT_ERROR,
+        Severity::Warning,
+        "FAIL_ON_INIT_ERROR=false on a device plugin without an allocatable gate",
     ),
     info(
         PSA_PRIVILEGED,

@@ -15,8 +15,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_yaml::{RenderOptions, SnippetMode};
 
+use crate::locate::Located;
 use crate::psa::ENFORCE_LABEL;
-use crate::{Finding, Kind, PsaLevel, codes, lint_daemonset, lint_safe_rollout, object_ref};
+use crate::{
+    Finding, Gating, Kind, PsaLevel, codes, lint_daemonset, lint_safe_rollout, object_ref,
+};
 
 /// Which object of the input a list of findings is about.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -117,6 +120,17 @@ impl std::fmt::Display for LintError {
 /// install bundles often do), that level applies to the objects of that
 /// namespace instead: it is what the API server will enforce on them.
 ///
+/// A DaemonSet that a SafeRollout of the input targets (same namespace, or
+/// neither has one: a bundle applied with `-n`) is linted as rolled out by
+/// it, with its gates ([`Gating::by`]; several SafeRollouts on one
+/// DaemonSet: any of them counting devices counts); any other DaemonSet as
+/// [`Gating::ALONE`].
+///
+/// A finding that names its field ([`Finding::field`]) gets the line where
+/// that field is written ([`Finding::line`]), inside List items too (a
+/// field taken from an anchor is at the line that refers to it); one whose
+/// field is not found keeps only the object's line ([`DocRef::line`]).
+///
 /// Fails with a [`LintError`] on a document that is not YAML, not an object,
 /// or does not deserialise as its kind (every document is parsed as YAML
 /// before any is linted, so a syntax error anywhere comes first).
@@ -133,10 +147,31 @@ pub fn lint_documents(
             .and_then(|ns| namespace_levels.get(ns).copied())
             .or(psa)
     };
+    let rollouts = rolled_out(&documents);
+    let gating_for = |header: &Header| {
+        let key = (
+            header.namespace.clone(),
+            header.name.clone().unwrap_or_default(),
+        );
+        rollouts.get(&key).copied().unwrap_or(Gating::ALONE)
+    };
     let mut results = Vec::new();
     for parsed in &documents {
         let at = parsed.at;
         let header = Header::of(&parsed.value, &at)?;
+        // Parsed for positions once, and only when a finding names a field.
+        let mut located: Option<Option<Located>> = None;
+        let mut place = |findings: &mut Vec<Finding>, prefix: &str| {
+            for f in findings.iter_mut() {
+                let Some(field) = &f.field else { continue };
+                let doc = located.get_or_insert_with(|| Located::parse(&parsed.chunk.text));
+                f.line = doc
+                    .as_ref()
+                    .and_then(|d| d.line_of(&format!("{prefix}{field}")))
+                    .filter(|line| *line > 0)
+                    .map(|line| parsed.chunk.first_line + line - 1);
+            }
+        };
         match list_items(&header, &parsed.value) {
             Some(items) => {
                 for (i, item) in items.iter().enumerate() {
@@ -145,21 +180,59 @@ pub fn lint_documents(
                         ..at
                     };
                     let header = Header::of(item, &at)?;
-                    let findings = lint_object(&header, level_for(&header), || {
-                        from_value(item, &header, &at)
-                    })?;
+                    let mut findings =
+                        lint_object(&header, level_for(&header), gating_for(&header), || {
+                            from_value(item, &header, &at)
+                        })?;
+                    place(&mut findings, &format!("items[{i}]."));
                     results.push((header.doc_ref(&at), findings));
                 }
             }
             None => {
-                let findings = lint_object(&header, level_for(&header), || {
-                    parsed.chunk.parse_as(at.document, &header.kind)
-                })?;
+                let mut findings =
+                    lint_object(&header, level_for(&header), gating_for(&header), || {
+                        parsed.chunk.parse_as(at.document, &header.kind)
+                    })?;
+                place(&mut findings, "");
                 results.push((header.doc_ref(&at), findings));
             }
         }
     }
     Ok(results)
+}
+
+/// The DaemonSets the input's SafeRollouts target, by (namespace, name),
+/// with the gating they get. SafeRollouts that do not deserialise are
+/// skipped here (linting them reports why).
+fn rolled_out(documents: &[Parsed]) -> BTreeMap<(Option<String>, String), Gating> {
+    let mut targets: BTreeMap<(Option<String>, String), Gating> = BTreeMap::new();
+    let values = documents.iter().flat_map(|d| {
+        let items = d.value.get("items").and_then(Value::as_array);
+        std::iter::once(&d.value).chain(items.into_iter().flatten())
+    });
+    for value in values {
+        if value.get("kind").and_then(Value::as_str) != Some("SafeRollout")
+            || value.get("apiVersion").and_then(Value::as_str) != Some(saferollout_api::API_VERSION)
+        {
+            continue;
+        }
+        let Ok(sr) = serde_json::from_value::<SafeRollout>(value.clone()) else {
+            continue;
+        };
+        let key = (
+            sr.metadata.namespace.clone(),
+            sr.spec.target_ref.name.clone(),
+        );
+        let gating = Gating::by(&sr.spec);
+        targets
+            .entry(key)
+            .and_modify(|g| {
+                g.counts_devices =
+                    Some(g.counts_devices == Some(true) || gating.counts_devices == Some(true));
+            })
+            .or_insert(gating);
+    }
+    targets
 }
 
 /// A document that is YAML and not empty.
@@ -331,6 +404,7 @@ enum Typed {
 fn lint_object(
     header: &Header,
     psa: Option<PsaLevel>,
+    gating: Gating,
     parse: impl FnOnce() -> Result<Typed, LintError>,
 ) -> Result<Vec<Finding>, LintError> {
     let (group, version) = header.group_version();
@@ -379,7 +453,7 @@ fn lint_object(
         return Ok(vec![finding]);
     }
     Ok(match parse()? {
-        Typed::DaemonSet(ds) => lint_daemonset(&ds, Kind::Unknown, psa),
+        Typed::DaemonSet(ds) => lint_daemonset(&ds, Kind::Unknown, psa, gating),
         Typed::SafeRollout(sr) => lint_safe_rollout(&sr, psa),
     })
 }

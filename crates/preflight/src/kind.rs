@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use serde::Serialize;
 
 /// The kubelet's device-plugin socket directory (`pluginapi.DevicePluginPath`).
@@ -45,7 +45,13 @@ pub fn detect_kind(ds: &DaemonSet) -> Kind {
 ///    `/var/lib/kubelet/plugins` (or a subdirectory): a DRA driver;
 /// 3. the name has a `dra` word (`dra-example-driver`, `nvidia-dra-driver-gpu`;
 ///    a word, so that `cassandra` is not one): a DRA driver;
-/// 4. the name, a label value or an image contains `device-plugin`, or an image
+/// 4. every container runs one of the helper programs NVIDIA ships in its
+///    device-plugin image (`mps-control-daemon`, `gpu-feature-discovery`,
+///    `config-manager`; the commands of NVIDIA/k8s-device-plugin's chart and
+///    static manifests): not known (the chart names those DaemonSets
+///    `<release>-nvidia-device-plugin-mps-control-daemon` and labels them
+///    like the plugin, but they register no devices);
+/// 5. the name, a label value or an image contains `device-plugin`, or an image
 ///    is one of Intel's `intel-*-plugin`: a device plugin.
 ///
 /// Mounts come first because they say what the agent actually talks to.
@@ -71,12 +77,32 @@ fn detect(name: &str, labels: &[&str], template: &PodTemplateSpec) -> Kind {
     {
         return Kind::DraDriver;
     }
+    if !pod.containers.is_empty() && pod.containers.iter().all(runs_nvidia_helper) {
+        return Kind::Unknown;
+    }
     let images: Vec<&str> = pod
         .containers
         .iter()
         .filter_map(|c| c.image.as_deref())
         .collect();
     detect_by_name(name, labels, &images)
+}
+
+/// The programs other than the plugin in NVIDIA's `k8s-device-plugin` image.
+const NVIDIA_HELPERS: &[&str] = &[
+    "mps-control-daemon",
+    "gpu-feature-discovery",
+    "config-manager",
+];
+
+/// Whether the container's command is one of [`NVIDIA_HELPERS`] (by path or name).
+fn runs_nvidia_helper(container: &Container) -> bool {
+    container
+        .command
+        .as_deref()
+        .and_then(<[String]>::first)
+        .and_then(|c| c.rsplit('/').next())
+        .is_some_and(|program| NVIDIA_HELPERS.contains(&program))
 }
 
 fn detect_by_name(name: &str, labels: &[&str], images: &[&str]) -> Kind {
@@ -167,7 +193,7 @@ pub(crate) fn is_plugins_dir(host_path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::daemonset;
+    use crate::tests::{daemonset, pod_of};
 
     #[test]
     fn paths() {
@@ -231,6 +257,36 @@ mod tests {
             .into(),
         );
         assert_eq!(detect_kind(&by_label), Kind::DevicePlugin);
+        // NVIDIA's helpers ship in the plugin's image and are named after it.
+        let mut mps = daemonset(
+            "nvdp-nvidia-device-plugin-mps-control-daemon",
+            "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",
+            &[("mps-root", "/run/nvidia/mps")],
+        );
+        pod_of(&mut mps).containers[0].command = Some(vec!["mps-control-daemon".into()]);
+        assert_eq!(detect_kind(&mps), Kind::Unknown);
+        let mut gfd = daemonset(
+            "gpu-feature-discovery",
+            "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",
+            &[],
+        );
+        let pod = pod_of(&mut gfd);
+        pod.containers[0].command = Some(vec!["/usr/bin/gpu-feature-discovery".into()]);
+        let mut sidecar = pod.containers[0].clone();
+        sidecar.command = Some(vec!["config-manager".into()]);
+        pod.containers.push(sidecar.clone());
+        assert_eq!(detect_kind(&gfd), Kind::Unknown);
+        // The plugin with the config-manager sidecar is still the plugin.
+        let mut plugin = daemonset(
+            "nvdp-nvidia-device-plugin",
+            "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",
+            &[],
+        );
+        let pod = pod_of(&mut plugin);
+        pod.containers[0].command = Some(vec!["nvidia-device-plugin".into()]);
+        pod.containers.push(sidecar);
+        assert_eq!(detect_kind(&plugin), Kind::DevicePlugin);
+
         let mut empty = DaemonSet::default();
         assert_eq!(detect_kind(&empty), Kind::Unknown);
         empty.metadata.name = Some("x-device-plugin".into());

@@ -5,12 +5,12 @@
 use saferollout_api::{FieldError, SafeRollout};
 
 use crate::kind::detect_template_kind;
-use crate::{Finding, PsaLevel, codes, lint_pod_template, object_ref};
+use crate::{Finding, Gating, PsaLevel, codes, lint_agent_template, object_ref};
 
 /// Every finding for a SafeRollout: its field errors, then the findings of
-/// `spec.template` (object `SafeRollout ns/name spec.template`). The update
-/// strategy rules do not apply: with a SafeRollout the operator replaces the
-/// pods itself.
+/// `spec.template` (object `SafeRollout ns/name spec.template`), which this
+/// SafeRollout rolls out with its own gates. The update strategy rules do not
+/// apply: with a SafeRollout the operator replaces the pods itself.
 pub fn lint_safe_rollout(sr: &SafeRollout, psa: Option<PsaLevel>) -> Vec<Finding> {
     let object = object_ref(
         "SafeRollout",
@@ -27,7 +27,13 @@ pub fn lint_safe_rollout(sr: &SafeRollout, psa: Option<PsaLevel>) -> Vec<Finding
         Ok(Some(template)) => {
             let kind = detect_template_kind(&sr.spec.target_ref.name, &template);
             let template_object = format!("{object} spec.template");
-            findings.extend(lint_pod_template(&template_object, &template, kind, psa));
+            findings.extend(lint_agent_template(
+                &template_object,
+                &template,
+                kind,
+                psa,
+                Gating::by(&sr.spec),
+            ));
         }
         Err(e) => findings.push(Finding::error(
             codes::TEMPLATE,

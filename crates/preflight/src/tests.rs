@@ -136,11 +136,11 @@ fn lint_daemonset_detects_the_kind_unless_told() {
         "nvcr.io/nvidia/k8s-device-plugin:v0.17.1",
         &[],
     );
-    let codes = codes_of(&lint_daemonset(&ds, Kind::Unknown, None));
+    let codes = codes_of(&lint_daemonset(&ds, Kind::Unknown, None, Gating::ALONE));
     assert_eq!(codes, ["SR102", "SR107", "SR108", "SR109"]);
 
     // The caller knows better: it is a DRA driver.
-    let codes = codes_of(&lint_daemonset(&ds, Kind::DraDriver, None));
+    let codes = codes_of(&lint_daemonset(&ds, Kind::DraDriver, None, Gating::ALONE));
     assert_eq!(codes, ["SR103", "SR107", "SR108", "SR109"]);
 
     // PSA findings come last, only when a level is given.
@@ -149,12 +149,14 @@ fn lint_daemonset_detects_the_kind_unless_told() {
         &ds,
         Kind::Unknown,
         Some(PsaLevel::Baseline),
+        Gating::ALONE,
     ));
     assert_eq!(codes, ["SR102", "SR107", "SR108", "SR109", "SR203"]);
     let codes = codes_of(&lint_daemonset(
         &ds,
         Kind::Unknown,
         Some(PsaLevel::Privileged),
+        Gating::ALONE,
     ));
     assert_eq!(codes, ["SR102", "SR107", "SR108", "SR109"]);
 
@@ -164,6 +166,7 @@ fn lint_daemonset_detects_the_kind_unless_told() {
         &empty,
         Kind::DevicePlugin,
         Some(PsaLevel::Restricted),
+        Gating::ALONE,
     ));
     assert_eq!(codes, ["SR102", "SR108", "SR109"]);
 }

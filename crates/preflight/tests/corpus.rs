@@ -1,14 +1,18 @@
 //! Runs every manifest of `tests/lint-corpus/` (see its README) through
 //! `lint_documents` and checks it against the file's name and header:
-//! `good-*` has no Error, `bad-*` has exactly the `# expect:` codes among its
-//! Errors (and every expected code among its findings), `malformed-*` fails.
+//! `good-*` has no Error, `bad-*` has at least one; in both the Errors and
+//! Warnings found are exactly the `# expect:` codes of those severities,
+//! every expected code is found, and a code expected `line N` is found at
+//! exactly those lines; `malformed-*` fails.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 
 use saferollout_preflight::rules::is_secret_like_name;
-use saferollout_preflight::{Finding, LintErrorKind, PsaLevel, Severity, codes, lint_documents};
+use saferollout_preflight::{
+    DocRef, Finding, LintErrorKind, PsaLevel, Severity, codes, lint_documents,
+};
 use serde_json::Value;
 
 fn corpus_dir() -> PathBuf {
@@ -21,7 +25,9 @@ fn corpus_dir() -> PathBuf {
 /// What a file's leading comment lines say.
 #[derive(Debug, Default)]
 struct Header {
-    expect: BTreeSet<String>,
+    /// Expected codes, each with the lines its findings must be at (empty:
+    /// any line, at least one finding).
+    expect: BTreeMap<String, Vec<usize>>,
     psa: Option<PsaLevel>,
     expect_error: Option<(LintErrorKind, Option<usize>)>,
 }
@@ -30,13 +36,28 @@ fn header(file: &str, text: &str) -> Header {
     let mut header = Header::default();
     for line in text.lines().take_while(|l| l.starts_with('#')) {
         let line = line.trim_start_matches('#').trim();
-        if let Some(code) = line.strip_prefix("expect:") {
-            let code = code.trim();
+        if let Some(rest) = line.strip_prefix("expect:") {
+            // `CODE` or `CODE line N`.
+            let mut words = rest.split_whitespace();
+            let code = words.next().unwrap_or_default();
             assert!(codes::lookup(code).is_some(), "{file}: unknown code {code}");
-            assert!(
-                header.expect.insert(code.to_string()),
-                "{file}: {code} twice"
-            );
+            let at = match (words.next(), words.next(), words.next()) {
+                (None, _, _) => None,
+                (Some("line"), Some(n), None) => Some(n.parse::<usize>().expect("a line number")),
+                other => panic!("{file}: expected `{code}` or `{code} line N`, got {other:?}"),
+            };
+            let lines = header.expect.entry(code.to_string());
+            match (lines, at) {
+                (std::collections::btree_map::Entry::Vacant(v), at) => {
+                    v.insert(at.into_iter().collect());
+                }
+                (std::collections::btree_map::Entry::Occupied(mut o), Some(n))
+                    if !o.get().is_empty() =>
+                {
+                    o.get_mut().push(n);
+                }
+                _ => panic!("{file}: {code} expected twice without a line to tell them apart"),
+            }
         } else if let Some(level) = line.strip_prefix("psa:") {
             header.psa = Some(level.parse().unwrap_or_else(|e| panic!("{file}: {e}")));
         } else if let Some(rest) = line.strip_prefix("expect-error:") {
@@ -144,15 +165,10 @@ fn every_corpus_file_lints_as_its_name_and_header_say() {
         eprintln!("== {file}");
         for (doc, doc_findings) in &results {
             eprintln!("  {doc}");
-            doc_findings.iter().for_each(|f| eprintln!("    {f}"));
+            for f in doc_findings {
+                eprintln!("    line {}: {f}", line_of(doc, f));
+            }
         }
-        let errors: BTreeSet<String> = findings
-            .iter()
-            .filter(|f| f.severity == Severity::Error)
-            .map(|f| f.code.to_string())
-            .collect();
-        let all: BTreeSet<String> = findings.iter().map(|f| f.code.to_string()).collect();
-
         let json = serde_json::to_string(&findings).unwrap();
         for secret in secret_values(&text) {
             if json.contains(&secret) {
@@ -166,39 +182,24 @@ fn every_corpus_file_lints_as_its_name_and_header_say() {
             );
         }
 
+        let is_error =
+            |code: &String| codes::lookup(code).is_some_and(|i| i.severity == Severity::Error);
+        let expects_error = header.expect.keys().any(is_error);
         if file.starts_with("good-") {
             tally.good += 1;
-            assert!(
-                header.expect.is_empty(),
-                "{file}: a good file expects codes"
-            );
-            if !errors.is_empty() {
-                let shown: Vec<String> = findings
-                    .iter()
-                    .filter(|f| f.severity == Severity::Error)
-                    .map(|f| f.to_string())
-                    .collect();
-                failures.push(format!("{file}: errors in a good file: {shown:#?}"));
+            if expects_error {
+                failures.push(format!("{file}: a good file expects an Error code"));
             }
         } else if file.starts_with("bad-") {
             tally.bad += 1;
-            assert!(!header.expect.is_empty(), "{file}: no `# expect:` line");
-            let expected_errors: BTreeSet<String> = header
-                .expect
-                .iter()
-                .filter(|c| codes::lookup(c).is_some_and(|i| i.severity == Severity::Error))
-                .cloned()
-                .collect();
-            let missing: Vec<&String> = header.expect.difference(&all).collect();
-            let unexpected: Vec<&String> = errors.difference(&expected_errors).collect();
-            if !missing.is_empty() || !unexpected.is_empty() {
-                let shown: Vec<String> = findings.iter().map(|f| f.to_string()).collect();
-                failures.push(format!(
-                    "{file}: missing {missing:?}, unexpected errors {unexpected:?}; findings: {shown:#?}"
-                ));
+            if !expects_error {
+                failures.push(format!("{file}: a bad file expects no Error code"));
             }
         } else {
             panic!("{file}: corpus files are named good-*, bad-* or malformed-*");
+        }
+        if let Some(problem) = compare(&header, &results) {
+            failures.push(format!("{file}: {problem}"));
         }
     }
 
@@ -211,6 +212,58 @@ fn every_corpus_file_lints_as_its_name_and_header_say() {
         tally.malformed,
         tally.multi_document
     );
+}
+
+/// The line a finding is reported at: its field's, else its object's.
+fn line_of(doc: &DocRef, f: &Finding) -> usize {
+    f.line.unwrap_or(doc.line)
+}
+
+/// What differs between the findings and the header's expectations, shown
+/// with every finding and its line; `None` when they agree: the Errors and
+/// Warnings found are exactly the expected codes of those severities, every
+/// expected code (Infos too) is found, and a code expected at lines is found
+/// at exactly those lines, as many times.
+fn compare(header: &Header, results: &[(DocRef, Vec<Finding>)]) -> Option<String> {
+    let mut found: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (doc, findings) in results {
+        for f in findings {
+            found
+                .entry(f.code.to_string())
+                .or_default()
+                .push(line_of(doc, f));
+        }
+    }
+    let mut problems = Vec::new();
+    for (code, lines) in &found {
+        let severity = codes::lookup(code).map(|i| i.severity);
+        if severity >= Some(Severity::Warning) && !header.expect.contains_key(code) {
+            problems.push(format!("unexpected {code} at lines {lines:?}"));
+        }
+    }
+    for (code, expected) in &header.expect {
+        let mut lines = found.get(code).cloned().unwrap_or_default();
+        let mut expected = expected.clone();
+        lines.sort_unstable();
+        expected.sort_unstable();
+        if lines.is_empty() {
+            problems.push(format!("missing {code}"));
+        } else if !expected.is_empty() && lines != expected {
+            problems.push(format!("{code} at lines {lines:?}, expected {expected:?}"));
+        }
+    }
+    if problems.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = results
+        .iter()
+        .flat_map(|(doc, findings)| {
+            findings
+                .iter()
+                .map(move |f| format!("line {}: {f}", line_of(doc, f)))
+        })
+        .collect();
+    Some(format!("{}; findings: {shown:#?}", problems.join(", ")))
 }
 
 /// Each kind of agent the corpus covers has a good and a bad manifest.
@@ -230,4 +283,50 @@ fn the_corpus_covers_every_agent() {
             );
         }
     }
+}
+
+/// The checker itself: what it must refuse, on small inputs.
+#[test]
+fn the_checker_holds_files_to_their_headers() {
+    let plugin = "\
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: p, namespace: gpu}
+spec:
+  template:
+    spec:
+      priorityClassName: system-node-critical
+      tolerations: [{operator: Exists}]
+      containers:
+      - name: p
+        image: example/device-plugin:latest
+        volumeMounts: [{name: dp, mountPath: /var/lib/kubelet/device-plugins}]
+      volumes: [{name: dp, hostPath: {path: /var/lib/kubelet/device-plugins}}]
+";
+    let results = lint_documents(plugin, None).unwrap();
+    let check = |expect: &str| compare(&header("t.yaml", expect), &results);
+    // SR110 at the image's line; SR107 (a Warning) at the object's.
+    assert_eq!(
+        check("# expect: SR110 line 11\n# expect: SR107 line 1\n"),
+        None
+    );
+    assert_eq!(check("# expect: SR110\n# expect: SR107\n"), None);
+    let wrong_line = check("# expect: SR110 line 1\n# expect: SR107\n").unwrap();
+    assert!(
+        wrong_line.starts_with("SR110 at lines [11], expected [1]"),
+        "{wrong_line}"
+    );
+    let twice =
+        check("# expect: SR110 line 11\n# expect: SR110 line 12\n# expect: SR107\n").unwrap();
+    assert!(
+        twice.starts_with("SR110 at lines [11], expected [11, 12]"),
+        "{twice}"
+    );
+    let unexpected_warning = check("# expect: SR110\n").unwrap();
+    assert!(
+        unexpected_warning.starts_with("unexpected SR107"),
+        "{unexpected_warning}"
+    );
+    let missing = check("# expect: SR110\n# expect: SR107\n# expect: SR109\n").unwrap();
+    assert!(missing.starts_with("missing SR109"), "{missing}");
 }

@@ -1,6 +1,7 @@
 //! `inventory`: a read-only report of what a rollout depends on: server
 //! version, served APIs (DRA's `resource.k8s.io` in particular), nodes with
-//! their extended resources and agent pods, the namespace's DaemonSets, DRA
+//! their extended resources and agent pods, the namespace's DaemonSets, image
+//! drift (pods of one revision running different images, [`drift`]), DRA
 //! device classes and resource slices, and recent Warning events.
 //!
 //! Sections the caller may not read (403) or that the server does not serve
@@ -18,6 +19,7 @@ use kube::api::ListParams;
 use kube::{Api, Resource};
 use serde::Serialize;
 
+use super::drift::{self, ImageDrift};
 use super::{ZONE_LABEL, int_or_string, owned_by, revision_hash};
 use crate::cli::InventoryArgs;
 use crate::client::Kube;
@@ -44,6 +46,12 @@ pub struct Inventory {
     pub dra: Dra,
     pub nodes: Vec<NodeInfo>,
     pub daemon_sets: Vec<DaemonSetInfo>,
+    /// Agent containers of one revision running different image IDs on
+    /// different nodes; at most [`drift::ENTRIES_SHOWN`].
+    pub image_drift: Vec<ImageDrift>,
+    /// Drifting containers beyond those listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub image_drift_omitted: usize,
     /// Most recent last.
     pub warning_events: Vec<EventInfo>,
     /// Sections that could not be read, and why.
@@ -170,6 +178,10 @@ pub struct Raw {
     pub notes: Vec<String>,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// The served versions of `group` (empty when not served).
 pub fn served_versions(groups: &[APIGroup], group: &str) -> Vec<String> {
     groups
@@ -281,16 +293,29 @@ pub fn build(raw: &Raw) -> Inventory {
         .filter(|ds| raw.target.is_none() || ds.metadata.name.as_deref() == raw.target.as_deref())
         .filter_map(|ds| Some((ds.metadata.uid.clone()?, ds.metadata.name.clone()?)))
         .collect();
+    let daemon_set_of = |p: &Pod| {
+        agents
+            .iter()
+            .find(|(uid, _)| owned_by(&p.metadata, uid))
+            .map(|(_, name)| name.clone())
+    };
+    let arches: BTreeMap<&str, &str> = raw
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let arch = n.metadata.labels.as_ref()?.get(drift::ARCH_LABEL)?;
+            Some((n.metadata.name.as_deref()?, arch.as_str()))
+        })
+        .collect();
+    let (image_drift, drifting) = drift::image_drift(&raw.pods, daemon_set_of, |node| {
+        arches.get(node).map(|a| a.to_string())
+    });
     let mut pods_by_node: BTreeMap<String, Vec<AgentPodInfo>> = BTreeMap::new();
     for p in &raw.pods {
         let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             continue;
         };
-        let Some(ds) = agents
-            .iter()
-            .find(|(uid, _)| owned_by(&p.metadata, uid))
-            .map(|(_, name)| name.clone())
-        else {
+        let Some(ds) = daemon_set_of(p) else {
             continue;
         };
         let status = p.status.as_ref();
@@ -398,9 +423,70 @@ pub fn build(raw: &Raw) -> Inventory {
         },
         nodes,
         daemon_sets,
+        image_drift_omitted: drifting - image_drift.len(),
+        image_drift,
         warning_events,
         notes: raw.notes.clone(),
     }
+}
+
+/// The image drift section: one row per image ID, the container's columns
+/// on its first row only.
+fn render_drift(inv: &Inventory) -> String {
+    let mut out = String::from("\nImage drift (pods of one revision running different images):\n");
+    if inv.image_drift.is_empty() {
+        out.push_str("  <none>\n");
+        return out;
+    }
+    let mut t = Table::new(&[
+        "DAEMONSET",
+        "REVISION",
+        "CONTAINER",
+        "ARCH",
+        "IMAGE ID",
+        "NODES",
+    ]);
+    for d in &inv.image_drift {
+        let container = if d.init {
+            format!("{} (init)", d.container)
+        } else {
+            d.container.clone()
+        };
+        let more_ids = d.image_id_count - d.image_ids.len();
+        for (i, id) in d.image_ids.iter().enumerate() {
+            let mut nodes = format!("{}: {}", id.node_count, id.nodes.join(", "));
+            if id.node_count > id.nodes.len() {
+                nodes.push_str(&format!(", +{} more", id.node_count - id.nodes.len()));
+            }
+            let first = |s: &str| if i == 0 { s.to_string() } else { String::new() };
+            t.row([
+                first(&d.daemon_set),
+                first(&d.revision),
+                first(&container),
+                first(&or_dash(d.arch.as_deref())),
+                id.image_id.clone(),
+                nodes,
+            ]);
+        }
+        if more_ids > 0 {
+            t.row([
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                format!("+{more_ids} more image IDs"),
+                String::new(),
+            ]);
+        }
+    }
+    out.push_str(&t.render("  "));
+    if inv.image_drift_omitted > 0 {
+        out.push_str(&format!(
+            "  and {} more drifting containers, not shown\n",
+            inv.image_drift_omitted
+        ));
+    }
+    out
 }
 
 fn agent_cell(p: &AgentPodInfo) -> String {
@@ -527,6 +613,8 @@ pub fn render_table(inv: &Inventory, now: Timestamp) -> String {
         }
         out.push_str(&t.render("  "));
     }
+
+    out.push_str(&render_drift(inv));
 
     if inv.dra.v1_served {
         out.push_str("\nDRA device classes:\n");
@@ -746,7 +834,8 @@ mod tests {
         DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
     };
     use k8s_openapi::api::core::v1::{
-        NodeCondition, NodeStatus, ObjectReference, PodCondition, PodSpec, PodStatus,
+        ContainerStatus, NodeCondition, NodeStatus, ObjectReference, PodCondition, PodSpec,
+        PodStatus,
     };
     use k8s_openapi::api::resource::v1::{
         CELDeviceSelector, Device, DeviceClassSpec, DeviceSelector, ResourcePool, ResourceSliceSpec,
@@ -1067,6 +1156,255 @@ mod tests {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
         assert!(!text.contains("Notes:"));
+    }
+
+    /// `pod` as the kubelet reports it running `image_id` in each container
+    /// (`init:` before a name: an init container).
+    fn running(mut pod: Pod, containers: &[(&str, &str)]) -> Pod {
+        let status = pod.status.get_or_insert_with(Default::default);
+        for (name, image_id) in containers {
+            let (list, name) = match name.strip_prefix("init:") {
+                Some(name) => (&mut status.init_container_statuses, name),
+                None => (&mut status.container_statuses, *name),
+            };
+            list.get_or_insert_with(Vec::new).push(ContainerStatus {
+                name: name.into(),
+                image_id: image_id.to_string(),
+                ..Default::default()
+            });
+        }
+        pod
+    }
+
+    fn with_revision(mut pod: Pod, revision: &str) -> Pod {
+        pod.metadata.labels =
+            Some([("controller-revision-hash".to_string(), revision.into())].into());
+        pod
+    }
+
+    const A: &str = "nvcr.io/nvidia/k8s-device-plugin@sha256:aaaa";
+    const B: &str = "nvcr.io/nvidia/k8s-device-plugin@sha256:bbbb";
+
+    #[test]
+    fn image_drift_is_one_revision_on_different_images() {
+        let mut r = raw();
+        r.pods = vec![
+            // The plugin's revision abc runs A on n1 and B on n2: drift.
+            running(
+                agent("plugin-1", "n1", "uid-plugin", true),
+                &[("plugin", A)],
+            ),
+            running(
+                agent("plugin-2", "n2", "uid-plugin", true),
+                &[("plugin", B)],
+            ),
+            // Its sidecar runs one image, spelled two ways by two runtimes.
+            running(
+                agent("plugin-3", "n3", "uid-plugin", true),
+                &[("sidecar", A)],
+            ),
+            running(
+                agent("plugin-4", "n4", "uid-plugin", true),
+                &[("sidecar", &format!("docker-pullable://{A}"))],
+            ),
+            // A container not started yet has no image ID.
+            running(
+                agent("plugin-5", "n5", "uid-plugin", false),
+                &[("plugin", "")],
+            ),
+            // Two revisions of `other` on two images: a rollout, not drift.
+            running(agent("other-1", "n1", "uid-other", true), &[("other", A)]),
+            running(
+                with_revision(agent("other-2", "n2", "uid-other", true), "def"),
+                &[("other", B)],
+            ),
+            // A pod of no agent DaemonSet, and an agent pod without a revision.
+            running(
+                agent("stray", "n3", "uid-unknown", true),
+                &[("plugin", "x@sha256:cccc")],
+            ),
+            running(
+                {
+                    let mut p = agent("plugin-6", "n6", "uid-plugin", true);
+                    p.metadata.labels = None;
+                    p
+                },
+                &[("plugin", "x@sha256:dddd")],
+            ),
+        ];
+        let inv = build(&r);
+        assert_eq!(
+            inv.image_drift,
+            [ImageDrift {
+                daemon_set: "plugin".into(),
+                revision: "abc".into(),
+                container: "plugin".into(),
+                init: false,
+                arch: None,
+                image_ids: vec![
+                    drift::ImageIdNodes {
+                        image_id: A.into(),
+                        nodes: vec!["n1".into()],
+                        node_count: 1
+                    },
+                    drift::ImageIdNodes {
+                        image_id: B.into(),
+                        nodes: vec!["n2".into()],
+                        node_count: 1
+                    },
+                ],
+                image_id_count: 2,
+            }]
+        );
+        assert_eq!(inv.image_drift_omitted, 0);
+        let text = render_table(&inv, Timestamp::UNIX_EPOCH);
+        assert!(
+            text.contains("Image drift (pods of one revision running different images):"),
+            "{text}"
+        );
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Image drift"))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert_eq!(rows.len(), 3, "{text}");
+        for (row, want) in rows.iter().zip([
+            vec![
+                "DAEMONSET",
+                "REVISION",
+                "CONTAINER",
+                "ARCH",
+                "IMAGE ID",
+                "NODES",
+            ],
+            vec!["plugin", "abc", "plugin", "-", A, "1: n1"],
+            vec![B, "1: n2"],
+        ]) {
+            assert_eq!(
+                row.split_whitespace().collect::<Vec<_>>(),
+                want.join(" ").split(' ').collect::<Vec<_>>(),
+                "{text}"
+            );
+        }
+        let json = serde_json::to_value(&inv).unwrap();
+        assert_eq!(json["imageDrift"][0]["imageIds"][1]["imageId"], B);
+        assert!(json["imageDrift"][0].get("init").is_none());
+        assert!(json.get("imageDriftOmitted").is_none());
+
+        // --target other: the plugin's pods are not looked at.
+        r.target = Some("other".into());
+        assert!(build(&r).image_drift.is_empty());
+        // Without drift the section says so.
+        let text = render_table(&build(&raw()), Timestamp::UNIX_EPOCH);
+        assert!(text.contains("different images):\n  <none>\n"), "{text}");
+    }
+
+    #[test]
+    fn image_drift_compares_nodes_of_one_architecture() {
+        let mut r = raw();
+        let arch = |mut n: Node, arch: &str| {
+            n.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(drift::ARCH_LABEL.into(), arch.into());
+            n
+        };
+        r.nodes = vec![
+            arch(node("x1", "a", "8"), "amd64"),
+            arch(node("x2", "a", "8"), "arm64"),
+            arch(node("x3", "a", "8"), "amd64"),
+        ];
+        // A multi-platform image: each architecture's digest differs.
+        r.pods = vec![
+            running(agent("p1", "x1", "uid-plugin", true), &[("plugin", A)]),
+            running(agent("p2", "x2", "uid-plugin", true), &[("plugin", B)]),
+        ];
+        assert!(build(&r).image_drift.is_empty());
+        // A second amd64 node on B, and an init container drifting too.
+        r.pods.push(running(
+            agent("p3", "x3", "uid-plugin", true),
+            &[("plugin", B), ("init:setup", A)],
+        ));
+        r.pods[0] = running(r.pods[0].clone(), &[("init:setup", B)]);
+        let inv = build(&r);
+        let found: Vec<(&str, bool, Option<&str>, usize)> = inv
+            .image_drift
+            .iter()
+            .map(|d| {
+                (
+                    d.container.as_str(),
+                    d.init,
+                    d.arch.as_deref(),
+                    d.image_id_count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("plugin", false, Some("amd64"), 2),
+                ("setup", true, Some("amd64"), 2)
+            ]
+        );
+        let text = render_table(&inv, Timestamp::UNIX_EPOCH);
+        assert!(text.contains("setup (init)"), "{text}");
+        assert!(text.contains("amd64"), "{text}");
+    }
+
+    #[test]
+    fn image_drift_output_is_bounded_and_counted() {
+        let mut r = raw();
+        let nodes = drift::NODES_SHOWN + 3;
+        let ids = drift::IMAGE_IDS_SHOWN + 2;
+        // `other`: `nodes` nodes on A, then one node on each other image.
+        let mut pods: Vec<Pod> = (0..nodes)
+            .map(|i| {
+                let pod = agent(&format!("a{i}"), &format!("n{i:02}"), "uid-other", true);
+                running(pod, &[("other", A)])
+            })
+            .collect();
+        pods.extend((1..ids).map(|i| {
+            let pod = agent(&format!("b{i}"), &format!("m{i:02}"), "uid-other", true);
+            running(pod, &[("other", &format!("x@sha256:{i:04}"))])
+        }));
+        // The plugin: more drifting revisions than are listed, each on A and B.
+        let extra = drift::ENTRIES_SHOWN + 3;
+        for c in 0..extra {
+            let revision = format!("r{c:02}");
+            for (n, id) in [("n00", A), ("n01", B)] {
+                let pod = agent(&format!("{revision}-{n}"), n, "uid-plugin", true);
+                pods.push(running(with_revision(pod, &revision), &[("plugin", id)]));
+            }
+        }
+        r.pods = pods;
+        let inv = build(&r);
+        // `other` and `extra` plugin revisions drift; the first 20 are listed.
+        assert_eq!(inv.image_drift.len(), drift::ENTRIES_SHOWN);
+        assert_eq!(inv.image_drift_omitted, extra + 1 - drift::ENTRIES_SHOWN);
+        let other = &inv.image_drift[0];
+        assert_eq!(other.daemon_set, "other");
+        assert_eq!(other.image_id_count, ids);
+        assert_eq!(other.image_ids.len(), drift::IMAGE_IDS_SHOWN);
+        // Most nodes first, every node counted, the first ones named.
+        assert_eq!(other.image_ids[0].image_id, A);
+        assert_eq!(other.image_ids[0].node_count, nodes);
+        assert_eq!(
+            other.image_ids[0].nodes,
+            ["n00", "n01", "n02", "n03", "n04"]
+        );
+        assert_eq!(inv.image_drift[1].revision, "r00");
+        let text = render_table(&inv, Timestamp::UNIX_EPOCH);
+        assert!(
+            text.contains(&format!("{nodes}: n00, n01, n02, n03, n04, +3 more")),
+            "{text}"
+        );
+        assert!(text.contains("+2 more image IDs"), "{text}");
+        assert!(
+            text.contains("and 4 more drifting containers, not shown"),
+            "{text}"
+        );
+        assert_eq!(serde_json::to_value(&inv).unwrap()["imageDriftOmitted"], 4);
     }
 
     #[test]

@@ -121,7 +121,8 @@ pub fn render_table(report: &LintReport) -> String {
                 f.severity.to_string(),
                 f.code.to_string(),
                 f.object.clone(),
-                format!("{}:{}", o.file, o.doc.line),
+                // The finding's field when it names one, else its object.
+                format!("{}:{}", o.file, f.line.unwrap_or(o.doc.line)),
                 f.message.clone(),
                 f.fix.clone(),
             ]);
@@ -316,6 +317,43 @@ spec:
             format_lint_error("<stdin>", &e),
             "<stdin>: document 3 item 1 line 12 column 4: not a Kubernetes object: missing kind"
         );
+    }
+
+    #[test]
+    fn a_finding_on_a_field_shows_the_field_line() {
+        // The image (no tag: SR110) is on line 11 of the
+        // file; the missing resources (SR107) are about the object, line 1.
+        let text = SECRET_DS
+            .replace("example/plugin:1", "example/device-plugin")
+            .replace(
+                "        env:\n        - {name: API_TOKEN, value: hunter2}\n",
+                "",
+            );
+        assert_eq!(
+            text.lines().nth(10),
+            Some("        image: example/device-plugin")
+        );
+        let report = lint_inputs(&[input("ds.yaml", &text)], None).unwrap();
+        let table = render_table(&report);
+        let row = |code: &str| {
+            table
+                .lines()
+                .find(|l| l.contains(code))
+                .unwrap_or_else(|| panic!("no {code} in\n{table}"))
+                .to_string()
+        };
+        assert!(row("SR110").contains("ds.yaml:11 "), "{table}");
+        assert!(row("SR107").contains("ds.yaml:1 "), "{table}");
+        let v = serde_json::to_value(&report).unwrap();
+        let sr110 = v["objects"][0]["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["code"] == "SR110")
+            .unwrap()
+            .clone();
+        assert_eq!(sr110["line"], 11);
+        assert_eq!(sr110["field"], "spec.template.spec.containers[0].image");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! functions (unit-tested here) apart from the API calls (`run`, `fetch`).
 
 pub mod actions;
+pub mod drift;
 pub mod inventory;
 pub mod lint;
 pub mod plan;

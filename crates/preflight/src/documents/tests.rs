@@ -324,3 +324,186 @@ fn a_namespace_in_the_input_sets_the_level_of_its_objects() {
         ]
     );
 }
+
+/// The line each finding of `results` is reported at, as `(code, line)`:
+/// its field's line, or `None` when it names no field or it was not found.
+fn lines(results: &[(DocRef, Vec<Finding>)]) -> Vec<(&'static str, Option<usize>)> {
+    results
+        .iter()
+        .flat_map(|(_, f)| f.iter().map(|f| (f.code, f.line)))
+        .collect()
+}
+
+#[test]
+fn findings_on_a_field_carry_its_line_in_the_whole_input() {
+    let latest = PLUGIN.replace("k8s-device-plugin:v0.17.1", "k8s-device-plugin:latest");
+    // The second document starts on line 4: lines count from the input's start.
+    let yaml = format!("# header\n---\n---\n{latest}");
+    let results = lint(&yaml);
+    assert_eq!(lines(&results), [("SR110", Some(18 + 3))]);
+    let f = &results[0].1[0];
+    assert_eq!(
+        f.field.as_deref(),
+        Some("spec.template.spec.containers[0].image")
+    );
+    assert_eq!(
+        yaml.lines().nth(20),
+        Some("        image: nvcr.io/nvidia/k8s-device-plugin:latest")
+    );
+    let json = serde_json::to_value(f).unwrap();
+    assert_eq!(json["line"], 21);
+    assert_eq!(json["field"], "spec.template.spec.containers[0].image");
+
+    // A finding about the whole object has neither.
+    let results = lint(&PLUGIN.replace("      priorityClassName: system-node-critical\n", ""));
+    assert_eq!(lines(&results), [("SR108", None)]);
+    assert!(
+        serde_json::to_value(&results[0].1[0])
+            .unwrap()
+            .get("line")
+            .is_none()
+    );
+
+    // In a List, the item's field is found under `items[i]`.
+    let list = "\
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: c}
+- apiVersion: apps/v1
+  kind: DaemonSet
+  metadata: {name: amdgpu-device-plugin-daemonset}
+  spec:
+    template:
+      spec:
+        priorityClassName: system-node-critical
+        tolerations: [{operator: Exists}]
+        containers:
+        - name: dp
+          image: rocm/k8s-device-plugin
+          resources: {requests: {cpu: 10m}, limits: {memory: 64Mi}}
+          volumeMounts: [{name: dp, mountPath: /var/lib/kubelet/device-plugins}]
+        volumes: [{name: dp, hostPath: {path: /var/lib/kubelet/device-plugins}}]
+";
+    let results = lint(list);
+    assert_eq!(lines(&results), [("SR301", None), ("SR110", Some(17))]);
+}
+
+#[test]
+fn a_field_merged_in_from_an_anchor_is_at_the_merge_key() {
+    // The second container takes its keys from the first (`<<: *c`): its
+    // image is reported where it is merged in, the first's where it is written.
+    let yaml = PLUGIN
+        .replace(
+            "      - name: plugin\n        image: nvcr.io/nvidia/k8s-device-plugin:v0.17.1\n",
+            "      - &c\n        name: plugin\n        image: example/device-plugin:devel\n",
+        )
+        .replace(
+            "      volumes:\n",
+            "      - <<: *c\n        name: second\n      volumes:\n",
+        );
+    assert_eq!(yaml.lines().nth(24), Some("      - <<: *c"));
+    let results = lint(&yaml);
+    assert_eq!(lines(&results), [("SR110", Some(19)), ("SR110", Some(25))]);
+}
+
+const NVIDIA_NO_INIT_FAIL: &str = "\
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: nvidia-device-plugin-daemonset, namespace: kube-system}
+spec:
+  template:
+    spec:
+      priorityClassName: system-node-critical
+      tolerations: [{key: nvidia.com/gpu, operator: Exists}]
+      containers:
+      - name: ctr
+        image: nvcr.io/nvidia/k8s-device-plugin:v0.17.4
+        env:
+        - name: FAIL_ON_INIT_ERROR
+          value: \"false\"
+        resources: {requests: {cpu: 10m}, limits: {memory: 64Mi}}
+        volumeMounts: [{name: dp, mountPath: /var/lib/kubelet/device-plugins}]
+      volumes: [{name: dp, hostPath: {path: /var/lib/kubelet/device-plugins}}]
+";
+
+fn rollout(namespace: &str, target: &str, gates: &str) -> String {
+    format!(
+        "---\napiVersion: saferollout.dev/v1alpha1\nkind: SafeRollout\nmetadata: {{name: sr, namespace: {namespace}}}\nspec:\n  targetRef: {{name: {target}}}\n{gates}"
+    )
+}
+
+#[test]
+fn a_saferollout_in_the_input_gates_its_target() {
+    let alone = lint(NVIDIA_NO_INIT_FAIL);
+    assert_eq!(lines(&alone), [("SR111", Some(13))]);
+    assert!(
+        alone[0].1[0]
+            .message
+            .contains("no SafeRollout in the input targets it")
+    );
+
+    // An allocatable gate with a floor counts the plugin's GPUs: silent.
+    let gated = format!(
+        "{NVIDIA_NO_INIT_FAIL}{}",
+        rollout(
+            "kube-system",
+            "nvidia-device-plugin-daemonset",
+            "  gates:\n    allocatable:\n    - {resource: nvidia.com/gpu}\n"
+        )
+    );
+    assert_eq!(lines(&lint(&gated)), []);
+
+    // A SafeRollout without one: the warning says so.
+    let ungated = format!(
+        "{NVIDIA_NO_INIT_FAIL}{}",
+        rollout("kube-system", "nvidia-device-plugin-daemonset", "")
+    );
+    let results = lint(&ungated);
+    assert_eq!(lines(&results), [("SR111", Some(13))]);
+    assert!(
+        results[0].1[0].message.contains("no allocatable gate"),
+        "{:?}",
+        results[0].1
+    );
+
+    // One in another namespace, or for another DaemonSet, gates nothing here.
+    for (ns, target) in [
+        ("gpu", "nvidia-device-plugin-daemonset"),
+        ("kube-system", "other"),
+    ] {
+        let elsewhere = format!(
+            "{NVIDIA_NO_INIT_FAIL}{}",
+            rollout(
+                ns,
+                target,
+                "  gates:\n    allocatable:\n    - {resource: nvidia.com/gpu}\n"
+            )
+        );
+        let results = lint(&elsewhere);
+        assert!(
+            results[0].1[0].message.contains("no SafeRollout"),
+            "{ns}/{target}"
+        );
+    }
+
+    // A DaemonSet of unknown kind with a moving tag: only once a SafeRollout
+    // rolls it out is it an agent whose image matters.
+    let agent = "\
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent, namespace: gpu}
+spec:
+  template:
+    spec:
+      priorityClassName: system-node-critical
+      tolerations: [{operator: Exists}]
+      containers:
+      - {name: a, image: example/agent:main, resources: {requests: {cpu: 1m}, limits: {memory: 1Mi}}}
+";
+    assert_eq!(lines(&lint(agent)), []);
+    let rolled = format!("{agent}{}", rollout("gpu", "agent", ""));
+    assert_eq!(lines(&lint(&rolled)), [("SR110", Some(10))]);
+}
