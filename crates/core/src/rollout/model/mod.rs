@@ -193,7 +193,11 @@ impl Model {
         panic!(
             "did not settle in {max_ticks} ticks; status: {:#?}\ncluster: {:#?}\ntrace:\n{}",
             self.status,
-            (&self.cluster.selector, &self.cluster.pods, &self.cluster.nodes),
+            (
+                &self.cluster.selector,
+                &self.cluster.pods,
+                &self.cluster.nodes
+            ),
             self.trace[self.trace.len().saturating_sub(8)..].join("\n")
         );
     }

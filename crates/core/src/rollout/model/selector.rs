@@ -119,14 +119,14 @@ impl Cluster {
                 .get(n)
                 .is_some_and(|n| n.taints.iter().any(is_promoting))
         });
-        if let Some(c) = self.sel_mut().canary.as_mut() {
-            if c.ds.observed_generation < c.ds.generation || c.sync_pending {
-                c.ds.observed_generation = c.ds.generation;
-                let next = c.ds.revisions.values().max().copied().unwrap_or(0) + 1;
-                c.ds.revisions.insert(c.ds.template.clone(), next);
-                c.held = all_tainted;
-                c.sync_pending = false;
-            }
+        if let Some(c) = self.sel_mut().canary.as_mut()
+            && (c.ds.observed_generation < c.ds.generation || c.sync_pending)
+        {
+            c.ds.observed_generation = c.ds.generation;
+            let next = c.ds.revisions.values().max().copied().unwrap_or(0) + 1;
+            c.ds.revisions.insert(c.ds.template.clone(), next);
+            c.held = all_tainted;
+            c.sync_pending = false;
         }
         let mut created = Vec::new();
         let covered = self.covered_nodes();
