@@ -46,6 +46,11 @@ pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
 /// The well-known zone label stages spread across.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
+/// Taint the `Selector` strategy's promotion puts on the canary's nodes for
+/// a moment (`NoSchedule`, value: the rollout's id): neither DaemonSet's
+/// controller creates or deletes an agent pod there meanwhile.
+pub const PROMOTING_TAINT: &str = "saferollout.dev/promoting";
+
 /// Label the operator puts on a node taken by a stage; the value is the stage
 /// index (0-based, as a decimal string). Alert rules and probe pods select on it.
 pub const STAGE_LABEL: &str = "saferollout.dev/stage";

@@ -105,7 +105,7 @@ pub fn untolerated<'t>(
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         // A `Selector` promotion's taint holds the DaemonSet controllers
         // still for a moment; the node keeps running its agent.
-        .filter(|t| t.key != crate::selector::promotion::PROMOTING_TAINT)
+        .filter(|t| t.key != saferollout_api::PROMOTING_TAINT)
         .filter(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
         .filter(|t| {
             let Some(placement) = daemon else {

@@ -15,7 +15,7 @@ use saferollout_api::{
     SafeRolloutStatus, count_of, quantity_count,
 };
 use saferollout_preflight::{
-    Finding, PsaLevel, Severity, codes, daemonset_object, detect_kind, lint_pod_template,
+    Finding, Gating, PsaLevel, Severity, codes, daemonset_object, detect_kind, lint_agent_template,
 };
 
 use crate::eligibility::{taint_string, untolerated};
@@ -110,8 +110,36 @@ pub fn check(
     device_labels: &[String],
     psa: Option<PsaLevel>,
 ) -> PreflightStatus {
+    check_gated(
+        revision,
+        ds,
+        pods,
+        nodes,
+        gated_resources,
+        device_labels,
+        psa,
+        Gating::ROLLED_OUT,
+    )
+}
+
+/// [`check`] knowing the gates of the SafeRollout that rolls the DaemonSet
+/// out ([`Gating::by`]): the rules that depend on them run too (SR111: a
+/// device plugin that runs Ready with 0 devices on an init error, unless an
+/// allocatable gate would see it).
+#[allow(clippy::too_many_arguments)]
+pub fn check_gated(
+    revision: &str,
+    ds: &DaemonSet,
+    pods: &PodsByNode,
+    nodes: &[NodeFacts],
+    gated_resources: &[String],
+    device_labels: &[String],
+    psa: Option<PsaLevel>,
+    gating: Gating,
+) -> PreflightStatus {
     let object = daemonset_object(ds);
-    let mut findings = lint_pod_template(&object, &ds.spec.template, detect_kind(ds), psa);
+    let mut findings =
+        lint_agent_template(&object, &ds.spec.template, detect_kind(ds), psa, gating);
 
     // DESIRED == CURRENT == READY == AVAILABLE before anything changes.
     if let Some(st) = &ds.status {
@@ -316,6 +344,43 @@ mod tests {
         assert_eq!(p.findings.len(), MAX_FINDINGS);
         assert_eq!(p.warnings, 30);
         assert!(p.passed);
+    }
+
+    #[test]
+    fn an_init_error_ignored_is_found_unless_an_allocatable_gate_sees_zero_devices() {
+        let d = ds(
+            json!({
+                "containers": [{"name": "plugin", "image": "plugin:v1.0.0",
+                    "env": [{"name": "FAIL_ON_INIT_ERROR", "value": "false"}],
+                    "volumeMounts": [{"name": "dp", "mountPath": "/var/lib/kubelet/device-plugins"}]}],
+                "volumes": [{"name": "dp", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}]
+            }),
+            healthy_status(),
+        );
+        let codes_with = |spec: &SafeRolloutSpec| -> Vec<String> {
+            let p = check_gated(
+                "r",
+                &d,
+                &PodsByNode::default(),
+                &[],
+                &[],
+                &[],
+                None,
+                Gating::by(spec),
+            );
+            p.findings.iter().map(|f| f.code.clone()).collect()
+        };
+        let mut spec = SafeRolloutSpec::for_daemonset("plugin");
+        assert!(
+            codes_with(&spec).contains(&codes::FAIL_ON_INIT_ERROR.to_string()),
+            "{:?}",
+            codes_with(&spec)
+        );
+        spec.gates = Some(saferollout_api::Gates {
+            allocatable: vec![saferollout_api::AllocatableGate::new("example.com/gpu")],
+            ..Default::default()
+        });
+        assert!(!codes_with(&spec).contains(&codes::FAIL_ON_INIT_ERROR.to_string()));
     }
 }
 

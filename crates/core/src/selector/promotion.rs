@@ -23,9 +23,7 @@ use super::{Context, Owner};
 use crate::handover::HandoverState;
 use crate::rollout::PodRef;
 
-/// The taint that holds both DaemonSets' controllers still on a node
-/// during the promotion; its value is the rollout's id.
-pub const PROMOTING_TAINT: &str = "saferollout.dev/promoting";
+pub use saferollout_api::PROMOTING_TAINT;
 
 /// What the promotion reads of the cluster besides pods and labels.
 #[derive(Debug, Clone, Default)]

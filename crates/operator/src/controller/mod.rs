@@ -799,7 +799,7 @@ async fn run_preflight(
         .iter()
         .map(|g| g.resource.clone())
         .collect();
-    Some(preflight::check(
+    Some(preflight::check_gated(
         revision,
         ds,
         &saferollout_core::views::pods_by_node(pods),
@@ -807,6 +807,7 @@ async fn run_preflight(
         &gated,
         &preflight::device_labels(&sr.spec),
         psa,
+        saferollout_preflight::Gating::by(&sr.spec),
     ))
 }
 

@@ -25,8 +25,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use saferollout_api::{ROLLOUT_LABEL, STAGE_LABEL, ZONE_LABEL};
 
 use super::ROLLOUT_ID;
-use super::selector::SelectorCluster;
 use crate::eligibility::eligibility;
+use crate::handover::HandoverOrder;
 use crate::objects::Quantities;
 use crate::selector::Owner;
 use crate::views::{AgentPod, NodeView, Placement, RolloutLabels};
@@ -231,6 +231,42 @@ pub struct MDaemonSet {
     pub template: String,
     /// Recorded revisions (ControllerRevisions) and their numbers.
     pub revisions: BTreeMap<String, i64>,
+}
+
+// The `Selector` strategy's objects (their controllers: `selector.rs`).
+
+/// The canary DaemonSet.
+#[derive(Debug, Clone)]
+pub struct MCanary {
+    pub ds: MDaemonSet,
+    pub retiring: bool,
+    /// Its status desires no pod: its controller synced while every node it
+    /// has a pod on carried the promotion taint.
+    pub held: bool,
+    /// An update asks its controller to sync it (and its status) again.
+    pub(super) sync_pending: bool,
+}
+
+/// The `Selector` strategy's objects in the cluster.
+#[derive(Debug, Clone)]
+pub struct SelectorCluster {
+    /// The rollout's handover label key.
+    pub key: String,
+    pub order: HandoverOrder,
+    /// The target's template carries the handover expression.
+    pub target_expression: bool,
+    pub canary: Option<MCanary>,
+}
+
+impl SelectorCluster {
+    pub fn new(order: HandoverOrder) -> Self {
+        SelectorCluster {
+            key: crate::selector::handover_label_key(ROLLOUT_ID),
+            order,
+            target_expression: false,
+            canary: None,
+        }
+    }
 }
 
 /// A probe pod of the probe gate.

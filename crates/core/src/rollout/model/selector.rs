@@ -23,46 +23,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Taint;
 
 use super::Model;
-use super::cluster::{Cluster, MDaemonSet, MPod};
+use super::cluster::{Cluster, MCanary, MDaemonSet, MPod, SelectorCluster};
 use super::executor::Seen;
 use crate::handover::{HandoverOrder, HandoverState};
 use crate::rollout::Action;
 use crate::selector::promotion::{PROMOTING_TAINT, PromotionFacts, PromotionStep};
 use crate::selector::{Canary, Context, OwnedPod, Owner, Pair, Step};
-
-/// The canary DaemonSet.
-#[derive(Debug, Clone)]
-pub struct MCanary {
-    pub ds: MDaemonSet,
-    pub retiring: bool,
-    /// Its status desires no pod: its controller synced while every node it
-    /// has a pod on carried the promotion taint.
-    pub held: bool,
-    /// An update asks its controller to sync it (and its status) again.
-    sync_pending: bool,
-}
-
-/// The `Selector` strategy's objects in the cluster.
-#[derive(Debug, Clone)]
-pub struct SelectorCluster {
-    /// The rollout's handover label key.
-    pub key: String,
-    pub order: HandoverOrder,
-    /// The target's template carries the handover expression.
-    pub target_expression: bool,
-    pub canary: Option<MCanary>,
-}
-
-impl SelectorCluster {
-    pub fn new(order: HandoverOrder) -> Self {
-        SelectorCluster {
-            key: crate::selector::handover_label_key(super::ROLLOUT_ID),
-            order,
-            target_expression: false,
-            canary: None,
-        }
-    }
-}
 
 /// The hash the target's controller gives its pods of `revision`.
 fn target_hash(revision: &str, expression: bool) -> String {
