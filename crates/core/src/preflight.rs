@@ -101,33 +101,12 @@ pub fn is_settled(st: &k8s_openapi::api::apps::v1::DaemonSetStatus) -> bool {
         && st.number_ready == st.number_available.unwrap_or(0)
 }
 
-pub fn check(
-    revision: &str,
-    ds: &DaemonSet,
-    pods: &PodsByNode,
-    nodes: &[NodeFacts],
-    gated_resources: &[String],
-    device_labels: &[String],
-    psa: Option<PsaLevel>,
-) -> PreflightStatus {
-    check_gated(
-        revision,
-        ds,
-        pods,
-        nodes,
-        gated_resources,
-        device_labels,
-        psa,
-        Gating::ROLLED_OUT,
-    )
-}
-
-/// [`check`] knowing the gates of the SafeRollout that rolls the DaemonSet
-/// out ([`Gating::by`]): the rules that depend on them run too (SR111: a
-/// device plugin that runs Ready with 0 devices on an init error, unless an
-/// allocatable gate would see it).
+/// Preflight of `revision` of `ds`, knowing the gates of the SafeRollout
+/// that rolls it out (`gating`, [`Gating::by`]; the rules that depend on
+/// them run too: SR111, a device plugin that runs Ready with 0 devices on an
+/// init error, unless an allocatable gate would see it).
 #[allow(clippy::too_many_arguments)]
-pub fn check_gated(
+pub fn check(
     revision: &str,
     ds: &DaemonSet,
     pods: &PodsByNode,
@@ -262,7 +241,16 @@ mod tests {
             json!({"containers": [{"name": "c", "image": "x"}]}),
             json!({"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2, "numberMisscheduled": 0}),
         );
-        let p = check("r", &d, &PodsByNode::default(), &[], &[], &[], None);
+        let p = check(
+            "r",
+            &d,
+            &PodsByNode::default(),
+            &[],
+            &[],
+            &[],
+            None,
+            Gating::ROLLED_OUT,
+        );
         assert!(!p.passed);
         assert!(codes(&p).contains(&"SR401"));
     }
@@ -294,6 +282,7 @@ mod tests {
             &["example.com/gpu".to_string()],
             &[],
             None,
+            Gating::ROLLED_OUT,
         );
         let uncovered: Vec<_> = p.findings.iter().filter(|f| f.code == "SR402").collect();
         assert_eq!(uncovered.len(), 1, "{p:#?}");
@@ -325,6 +314,7 @@ mod tests {
             &[],
             &[],
             Some(PsaLevel::Restricted),
+            Gating::ROLLED_OUT,
         );
         assert!(codes(&p).contains(&"SR101"), "{p:#?}");
         assert!(codes(&p).contains(&"SR201"), "{p:#?}");
@@ -358,7 +348,7 @@ mod tests {
             healthy_status(),
         );
         let codes_with = |spec: &SafeRolloutSpec| -> Vec<String> {
-            let p = check_gated(
+            let p = check(
                 "r",
                 &d,
                 &PodsByNode::default(),
@@ -401,7 +391,16 @@ mod label_tests {
         .unwrap();
         let labels = ["nvidia.com/gpu.count".to_string()];
         let facts = [NodeFacts::of(&node)];
-        let p = check("r", &d, &PodsByNode::default(), &facts, &[], &labels, None);
+        let p = check(
+            "r",
+            &d,
+            &PodsByNode::default(),
+            &facts,
+            &[],
+            &labels,
+            None,
+            Gating::ROLLED_OUT,
+        );
         assert!(
             p.findings
                 .iter()

@@ -89,15 +89,20 @@ pub(super) fn next(ctx: &Context) -> Option<PromotionStep> {
         .states
         .values()
         .all(|s| matches!(s, HandoverState::Old | HandoverState::New));
-    // A canary pod of an older canary template (the canary is OnDelete):
-    // the engine replaces it first; released, it would pass for the
-    // promoted revision under the target's hash.
-    let stale_canary = canary_pods
-        .iter()
-        .any(|p| p.pod.deleting || p.pod.revision != promoted);
-    if old_agents || !all_new || stale_canary {
+    if old_agents || !all_new || canary_pods.iter().any(|p| p.pod.deleting) {
         return None;
     }
+    // A canary pod of an older canary template (the canary is OnDelete) is
+    // never released: relabelled with the target's hash it would pass for
+    // the promoted revision. It stays the canary's until the canary's
+    // orphaning deletion, keeps its own hash under the target, and is
+    // replaced after the promotion like any node behind (not waited for: on
+    // a quarantined or NotReady node nothing would replace it, and the
+    // promotion, holding every new template back, would never end).
+    let releasable: Vec<&&super::OwnedPod> = canary_pods
+        .iter()
+        .filter(|p| p.pod.revision == promoted)
+        .collect();
     let untainted: Vec<String> = ctx
         .states
         .iter()
@@ -119,9 +124,9 @@ pub(super) fn next(ctx: &Context) -> Option<PromotionStep> {
         return Some(PromotionStep::WriteTarget);
     }
     let hash = ctx.target_hash.as_deref()?;
-    if !canary_pods.is_empty() {
+    if !releasable.is_empty() {
         return Some(PromotionStep::Release {
-            pods: canary_pods
+            pods: releasable
                 .iter()
                 .map(|p| PodRef {
                     name: p.pod.name.to_string(),

@@ -799,7 +799,7 @@ async fn run_preflight(
         .iter()
         .map(|g| g.resource.clone())
         .collect();
-    Some(preflight::check_gated(
+    Some(preflight::check(
         revision,
         ds,
         &saferollout_core::views::pods_by_node(pods),
