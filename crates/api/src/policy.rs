@@ -80,10 +80,10 @@ pub struct SafeRolloutPolicySpec {
     pub selector: PolicySelector,
 
     /// Across every governed rollout, at most this many nodes have any
-    /// agent being replaced, reverted or failing at once: a count (at least
-    /// 1) or a percentage of the nodes the governed agents run on (rounded
-    /// down, at least 1). A node already disrupted by one rollout is free
-    /// for the others, and preferred: a node's agents are replaced
+    /// agent being replaced, reverted or failing at once: a count (at
+    /// least 1) or a percentage of the nodes the governed agents run on
+    /// (rounded down, at least 1). A node already disrupted by one rollout
+    /// is free for the others, and preferred: a node's agents are replaced
     /// together. Without it each rollout keeps only its own
     /// `maxUnavailable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
