@@ -365,6 +365,12 @@ pub(crate) fn list_map(schema: &mut Schema, keys: &[&str]) {
     schema.insert("x-kubernetes-list-map-keys".into(), json!(keys));
 }
 
+/// Marks the schema (an array of scalars) as a set: the API server refuses
+/// a value twice (`Duplicate value`).
+pub(crate) fn list_set(schema: &mut Schema) {
+    schema.insert("x-kubernetes-list-type".into(), json!("set"));
+}
+
 pub(crate) fn list_map_by_type(schema: &mut Schema) {
     list_map(schema, &["type"]);
 }

@@ -692,11 +692,12 @@ fn walk(schema: &Value, path: &str, f: &mut dyn FnMut(&str, &Value)) {
     }
 }
 
-#[test]
-fn schema_is_structural_and_cel_is_bounded() {
-    let root = root_schema();
+/// What keeps a CRD schema from being structural or its CEL rules from
+/// having a bounded cost; `bounded_lists` are lists (paths from the root)
+/// that carry rules inside and must have a maxItems.
+fn structural_problems(root: &Value, bounded_lists: &[&str]) -> Vec<String> {
     let mut problems = Vec::new();
-    walk(&root, "", &mut |path, s| {
+    walk(root, "", &mut |path, s| {
         let int_or_string = s["x-kubernetes-int-or-string"] == true;
         let preserve = s["x-kubernetes-preserve-unknown-fields"] == true;
         // Structural: every node has a type, except int-or-string and preserve-unknown-fields ones.
@@ -772,16 +773,101 @@ fn schema_is_structural_and_cel_is_bounded() {
             }
         }
     });
-    // Lists under spec that carry rules inside must be bounded.
-    for path in ["spec.stages", "spec.gates.allocatable"] {
-        if at(&root, path).get("maxItems").is_none() {
+    for path in bounded_lists {
+        if at(root, path).get("maxItems").is_none() {
             problems.push(format!("{path}: no maxItems"));
         }
     }
+    problems
+}
+
+#[test]
+fn schema_is_structural_and_cel_is_bounded() {
+    // Lists under spec that carry rules inside must be bounded.
+    let problems = structural_problems(&root_schema(), &["spec.stages", "spec.gates.allocatable"]);
     assert!(
         problems.is_empty(),
         "schema problems:\n{}",
         problems.join("\n")
+    );
+}
+
+fn policy_root_schema() -> Value {
+    serde_json::to_value(SafeRolloutPolicy::crd()).unwrap()["spec"]["versions"][0]["schema"]
+        ["openAPIV3Schema"]
+        .clone()
+}
+
+#[test]
+fn policy_schema_is_structural_and_cel_is_bounded() {
+    let root = policy_root_schema();
+    let problems = structural_problems(
+        &root,
+        &[
+            "spec.ordering",
+            "spec.ordering.[].after",
+            "spec.maintenanceWindows",
+            "spec.maintenanceWindows.[].days",
+        ],
+    );
+    assert!(
+        problems.is_empty(),
+        "policy schema problems:\n{}",
+        problems.join("\n")
+    );
+    // The planted checker must see the rules it bounds: a walk that found
+    // none would pass vacuously.
+    let mut ruled = Vec::new();
+    walk(&root, "", &mut |path, s| {
+        if !rules(s).is_empty() {
+            ruled.push(path.to_string());
+        }
+    });
+    assert!(ruled.len() >= 6, "rules found only at {ruled:?}");
+}
+
+#[test]
+fn policy_crd_metadata_and_field_naming_rules() {
+    let crd = serde_json::to_value(SafeRolloutPolicy::crd()).unwrap();
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["group"], "saferollout.dev");
+    assert_eq!(crd["spec"]["names"]["kind"], "SafeRolloutPolicy");
+    assert_eq!(crd["spec"]["names"]["plural"], "saferolloutpolicies");
+    assert_eq!(crd["spec"]["versions"][0]["name"], "v1alpha1");
+    assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
+    let root = policy_root_schema();
+    for (path, field) in [
+        ("spec.maxDisruptedNodes", "maxDisruptedNodes"),
+        ("spec.maxConcurrentRollouts", "maxConcurrentRollouts"),
+        (
+            "spec.maintenanceWindows.[].start",
+            "maintenanceWindows[].start",
+        ),
+        ("spec.maintenanceWindows.[].end", "maintenanceWindows[].end"),
+        (
+            "spec.maintenanceWindows.[].timeZone",
+            "maintenanceWindows[].timeZone",
+        ),
+        ("spec.maintenanceWindows.[]", "maintenanceWindows[].end"),
+    ] {
+        let r = rules(&at(&root, path));
+        assert!(!r.is_empty(), "{path}: no rule");
+        for (_, message) in r {
+            assert!(message.starts_with(field), "{path}: {message}");
+        }
+    }
+    let days = at(&root, "spec.maintenanceWindows.[].days");
+    assert_eq!(days["x-kubernetes-list-type"], "set");
+    assert_eq!(days["minItems"], 1);
+    assert_eq!(days["items"]["enum"].as_array().unwrap().len(), 7);
+    let conditions = at(&root, "status.conditions");
+    assert_eq!(conditions["x-kubernetes-list-type"], "map");
+    assert_eq!(conditions["x-kubernetes-list-map-keys"], json!(["type"]));
+    assert!(
+        at(&root, "spec")["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("selector"))
     );
 }
 

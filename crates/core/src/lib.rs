@@ -29,6 +29,9 @@
 //! - [`handover`]: one node's handover between the target and the canary
 //!   DaemonSet under the `Selector` strategy (not wired yet:
 //!   `docs/design/selector-strategy.md`).
+//! - [`fleet`]: what a `SafeRolloutPolicy` decides across rollouts: the
+//!   shared disruption budget, the order of agents on a node, maintenance
+//!   windows (not wired yet: `docs/design/fleet-policies.md`).
 
 pub mod conditions;
 pub mod deletion;
@@ -36,6 +39,7 @@ pub mod devices;
 pub mod durability;
 pub mod eligibility;
 pub mod expectations;
+pub mod fleet;
 pub mod gates;
 pub mod handover;
 pub mod limits;
