@@ -27,7 +27,10 @@
 //! - [`transitions`]: what changed between two statuses (for metrics).
 //! - [`deletion`]: how deleting a SafeRollout hands its DaemonSet back.
 //! - [`handover`]: one node's handover between the target and the canary
-//!   DaemonSet under the `Selector` strategy (not wired yet:
+//!   DaemonSet under the `Selector` strategy.
+//! - [`selector`]: the `Selector` strategy's translation between the engine
+//!   and the two DaemonSets, its follow-ups and the promotion (run by the
+//!   model and its property tests; not by the operator yet:
 //!   `docs/design/selector-strategy.md`).
 //! - [`fleet`]: what a `SafeRolloutPolicy` decides across rollouts: the
 //!   shared disruption budget, the order of agents on a node, maintenance

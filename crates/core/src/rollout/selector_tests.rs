@@ -166,3 +166,74 @@ fn make_before_break_never_leaves_a_node_without_a_serving_agent() {
     assert_eq!(m.checker.disrupted.len(), 0);
     no_violations(&m);
 }
+
+/// A node joins as the last stage passes (found by the property tests):
+/// the engine's move of its old agent and the promotion's template write
+/// must not happen in one pass, or the node stays half handed over.
+#[test]
+fn a_node_joining_as_the_last_stage_passes_is_replaced_and_nothing_is_left() {
+    use super::model::{Lag, Losses};
+    let mut m = Model::new_selector(2, HandoverOrder::BreakBeforeMake);
+    m.spec.progress_deadline = saferollout_api::DurationString::new("20s");
+    if let Some(g) = m.spec.gates.as_mut() {
+        for a in &mut g.allocatable {
+            a.soak = saferollout_api::DurationString::new("3s");
+        }
+    }
+    m.run(200);
+    m.releases.insert("spec-g2".into(), Release::Healthy);
+    m.spec_hash = Some("g2".into());
+    // Seconds after each pass, as the property test that found it ran them.
+    let secs = [
+        0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 2, 0, 1, 0, 0, 0, 2, 1, 2, 0, 0, 0, 1, 0, 0, 0, 0,
+    ];
+    for (k, s) in secs.iter().enumerate() {
+        if k == 20 {
+            m.add_node("node-new-1", 1);
+        }
+        let nodes = match k {
+            21 => 1,
+            22 => 2,
+            _ => 0,
+        };
+        let lag = Lag {
+            nodes,
+            ..Lag::default()
+        };
+        m.reconcile(lag, Losses::default());
+        for _ in 0..=*s {
+            m.advance();
+        }
+    }
+    m.restart_operator();
+    m.run(400);
+    assert!(m.all_on("spec-g2"));
+    nothing_left(&m);
+    no_violations(&m);
+}
+
+/// A node joins while the promotion holds the canary's nodes.
+#[test]
+fn a_node_joining_during_the_promotion_is_replaced_after_it() {
+    let mut m = settled(2, HandoverOrder::BreakBeforeMake);
+    m.releases.insert("spec-g2".into(), Release::Healthy);
+    m.spec_hash = Some("g2".into());
+    let mut joined = false;
+    for _ in 0..200 {
+        m.one_reconcile();
+        let promoting = m
+            .cluster
+            .nodes
+            .values()
+            .any(|n| n.taints.iter().any(|t| t.key == PROMOTING_TAINT));
+        if promoting && !joined {
+            m.add_node("node-new-1", 1);
+            joined = true;
+        }
+    }
+    assert!(joined, "the promotion never tainted a node");
+    m.run(400);
+    assert!(m.all_on("spec-g2"));
+    nothing_left(&m);
+    no_violations(&m);
+}

@@ -263,6 +263,11 @@ pub enum Step {
     WriteCanary,
     /// Mark the canary retiring: nodes go back to the target.
     RetireCanary,
+    /// Write the last-good backup's template to the canary (only if it
+    /// still hashes to `content`), no longer retiring.
+    RestoreCanary {
+        content: String,
+    },
     /// Delete the (retired, empty) canary, then take the handover
     /// expression off the target's template.
     DeleteCanary,
@@ -290,14 +295,9 @@ pub fn translate(action: Action, ctx: &Context) -> Vec<Step> {
         action,
         Action::ApplySpecTemplate | Action::RestoreLastGood { .. }
     );
-    let promoting = ctx.pair.canary_active()
-        && ctx.pair.canary.and_then(|c| c.revision).is_some()
-        && ctx.pair.canary.and_then(|c| c.revision) == ctx.stable;
-    if template_write && (promoting || !ctx.promotion.tainted.is_empty()) {
-        // The canary's revision passed: it is the stable one and lives only
-        // in the canary's pods until the promotion hands them to the target,
-        // so nothing changes the canary before (the engine asks again on a
-        // later pass).
+    if template_write && !ctx.promotion.tainted.is_empty() {
+        // A promotion under way finishes first (it holds the canary's nodes
+        // still); the engine asks again on a later pass.
         return Vec::new();
     }
     match action {
@@ -309,15 +309,20 @@ pub fn translate(action: Action, ctx: &Context) -> Vec<Step> {
             }
         }
         Action::ApplySpecTemplate => vec![Step::WriteCanary],
-        // The target's template was never changed: the revert retires the
-        // canary and the nodes walk back.
-        Action::RestoreLastGood { .. } => {
+        // The stable revision is the target's (its template was never
+        // changed): the revert retires the canary and the nodes walk back.
+        Action::RestoreLastGood { .. } if ctx.stable.is_some() && ctx.stable == ctx.pair.target => {
             if ctx.pair.canary_active() {
                 vec![Step::RetireCanary]
             } else {
                 Vec::new()
             }
         }
+        // The stable revision lives in the canary's pods (it passed there
+        // and was not promoted yet, a later template written over it): the
+        // revert writes it back to the canary, whose pods of the failed
+        // revision are then replaced in place.
+        Action::RestoreLastGood { content } => vec![Step::RestoreCanary { content }],
         Action::DeletePods { pods } => delete_pods(pods, ctx),
         other => vec![Step::Engine(other)],
     }
@@ -335,8 +340,13 @@ fn delete_pods(pods: Vec<PodRef>, ctx: &Context) -> Vec<Step> {
             .get(r.node.as_str())
             .and_then(|ps| ps.iter().find(|p| p.pod.uid == r.uid))
             .map(|p| p.owner);
+        // A target without its handover expression (the promotion wrote
+        // the promoted template to it) no longer follows the labels: its
+        // pod is deleted and it recreates it from that template.
+        let expression = ctx.promotion.target_has_expression;
         let moves_node = match (owner, ctx.pair.toward()) {
-            (Some(Owner::Target), Toward::New) | (Some(Owner::Canary), Toward::Old) => true,
+            (Some(Owner::Target), Toward::New) => expression,
+            (Some(Owner::Canary), Toward::Old) => true,
             (Some(_), _) => false,
             (None, _) => continue, // gone already
         };
@@ -364,9 +374,21 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
     // Nodes mid-way go on: none of these moves costs a slot (the node's
     // serving agent is the one it keeps, or it has none).
     for (node, state) in &ctx.states {
-        if matches!(state, HandoverState::Drain | HandoverState::Surge)
-            && let HandoverStep::Move { to, costs: false } = ctx.step_of(node)
-        {
+        if !matches!(state, HandoverState::Drain | HandoverState::Surge) {
+            continue;
+        }
+        let canary_here = ctx
+            .pods
+            .get(node)
+            .is_some_and(|ps| ps.iter().any(|p| p.owner == Owner::Canary));
+        if !ctx.promotion.target_has_expression && !canary_here {
+            // The target (promoted meanwhile) no longer reads the label and
+            // runs here; nothing of the canary is left to hand over.
+            steps.push(Step::Handover {
+                node: node.to_string(),
+                to: HandoverState::Old,
+            });
+        } else if let HandoverStep::Move { to, costs: false } = ctx.step_of(node) {
             steps.push(Step::Handover {
                 node: node.to_string(),
                 to,
@@ -387,7 +409,10 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
             }
         }
         Some(c) => {
-            if c.revision.is_some() && c.revision == ctx.stable {
+            // Not in a pass that moves nodes: the promotion reads every
+            // node's state as this pass found it.
+            let moves = translated.iter().any(|s| !matches!(s, Step::Engine(_)));
+            if c.revision.is_some() && c.revision == ctx.stable && !moves {
                 steps.extend(promotion::next(ctx).map(Step::Promote));
             }
         }

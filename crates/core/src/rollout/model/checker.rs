@@ -163,7 +163,7 @@ impl Model {
                     .violations
                     .push(format!("blocked revision {} became stable", b.revision));
             }
-            if seen.daemonset.ds.template == b.revision
+            if seen.daemonset.carrier_template() == b.revision
                 && d.actions
                     .iter()
                     .any(|a| matches!(a, Action::DeletePods { .. }))
@@ -188,7 +188,7 @@ impl Model {
         // spec.template from Git is written over it, and the check above
         // holds that the stopped one is never written again.)
         if let Some(stopped) = old.stopped.as_ref().filter(|s| {
-            s.revision == seen.daemonset.ds.template && new.stopped.as_ref() == Some(*s)
+            s.revision == seen.daemonset.carrier_template() && new.stopped.as_ref() == Some(*s)
         }) {
             for a in &d.actions {
                 if matches!(
@@ -213,7 +213,7 @@ impl Model {
         //   Rolling: the pass saw the DaemonSet on a target not yet stable.
         //   (Returning nodes to the stable revision labels nothing.)
         let rolling = new.phase == Some(saferollout_api::Phase::Progressing)
-            && new.target_revision.as_deref() == Some(seen.daemonset.ds.template.as_str())
+            && new.target_revision.as_deref() == Some(seen.daemonset.carrier_template())
             && new.target_revision != new.stable_revision;
         for a in &d.actions {
             let Action::DeletePods { pods } = a else {

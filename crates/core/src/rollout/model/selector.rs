@@ -44,6 +44,16 @@ fn is_promoting(t: &Taint) -> bool {
 }
 
 impl Cluster {
+    /// The template the engine sees as the DaemonSet's: the active
+    /// canary's under `Selector`, else the target's.
+    pub fn carrier_template(&self) -> &str {
+        self.selector
+            .as_ref()
+            .and_then(|s| s.canary.as_ref())
+            .filter(|c| !c.retiring)
+            .map_or(&self.ds.template, |c| &c.ds.template)
+    }
+
     fn sel(&self) -> &SelectorCluster {
         self.selector.as_ref().expect("Selector mode")
     }
@@ -235,12 +245,7 @@ impl Model {
     /// The revision the engine sees as the DaemonSet's template: the active
     /// canary's under `Selector`, else the target's.
     pub fn carrier_template(&self) -> &str {
-        self.cluster
-            .selector
-            .as_ref()
-            .and_then(|s| s.canary.as_ref())
-            .filter(|c| !c.retiring)
-            .map_or(&self.cluster.ds.template, |c| &c.ds.template)
+        self.cluster.carrier_template()
     }
 
     /// Nothing of the strategy is left: no canary, handover label or
@@ -392,6 +397,15 @@ impl Model {
                 let generation = self.cluster.sel().canary.as_ref().map(|c| c.ds.generation);
                 if let (Some(a), Some(g)) = (self.status.applied_template.as_mut(), generation) {
                     a.generation = Some(g);
+                }
+            }
+            Step::RestoreCanary { content } => {
+                // As the operator does: only a backup holding that content.
+                let Some(backup) = self.cluster.backup.clone() else {
+                    return;
+                };
+                if self.cluster.backup_content.as_deref() == Some(content.as_str()) {
+                    self.cluster.selector_write_canary(&backup);
                 }
             }
             Step::RetireCanary => {
