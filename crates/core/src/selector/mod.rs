@@ -404,7 +404,18 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
                 .values()
                 .flatten()
                 .any(|p| p.owner == Owner::Canary);
-            if !labelled && !canary_pods && !writes_canary {
+            if !ctx.promotion.tainted.is_empty() && ctx.promotion.target_has_expression {
+                // As below: a promotion given up; its taints would keep the
+                // target from the nodes it takes back.
+                steps.push(Step::Promote(promotion::PromotionStep::Untaint {
+                    nodes: ctx
+                        .promotion
+                        .tainted
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect(),
+                }));
+            } else if !labelled && !canary_pods && !writes_canary {
                 steps.push(Step::DeleteCanary);
             }
         }
@@ -412,8 +423,25 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
             // Not in a pass that moves nodes: the promotion reads every
             // node's state as this pass found it.
             let moves = translated.iter().any(|s| !matches!(s, Step::Engine(_)));
-            if c.revision.is_some() && c.revision == ctx.stable && !moves {
+            let promotes = c.revision.is_some() && c.revision == ctx.stable;
+            if promotes && !moves {
                 steps.extend(promotion::next(ctx).map(Step::Promote));
+            } else if !promotes
+                && ctx.promotion.target_has_expression
+                && !ctx.promotion.tainted.is_empty()
+            {
+                // A promotion given up before the target's template was
+                // written (the canary got another template): the target
+                // still reads the labels, so the taints only keep the
+                // canary from its nodes.
+                steps.push(Step::Promote(promotion::PromotionStep::Untaint {
+                    nodes: ctx
+                        .promotion
+                        .tainted
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect(),
+                }));
             }
         }
         None => {

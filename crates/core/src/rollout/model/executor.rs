@@ -222,6 +222,7 @@ impl Model {
     /// Drops the caches' lag and the operator's memory: a restarted operator.
     pub fn restart_operator(&mut self) {
         self.expectations = Expectations::default();
+        self.taints_written.clear();
         self.status_written_at = None;
         // Label writes still queued die with the process.
         self.label_writer.queue.clear();

@@ -67,6 +67,10 @@ pub struct Model {
     pub caches_heard_at: Option<Timestamp>,
     /// What the operator's caches show.
     pub(super) caches: Caches,
+    /// The promotion taints this operator wrote (its memory of its own
+    /// writes, as for labels: a lagging node cache does not hide them from
+    /// the next pass; a restart forgets them and lists anew).
+    pub(super) taints_written: std::collections::BTreeSet<String>,
     pub label_writer: LabelWriter,
     /// Every action the passes performed.
     pub actions_log: Vec<Action>,
@@ -111,6 +115,7 @@ impl Model {
             limits: crate::limits::AdminLimits::unlimited(),
             now,
             caches: Caches::new(&cluster),
+            taints_written: Default::default(),
             cluster,
             releases,
             expectations: Expectations::default(),

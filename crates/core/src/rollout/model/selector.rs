@@ -354,13 +354,21 @@ impl Model {
             .map(|(n, ps)| (*n, crate::selector::node_agents(ps, |_| true)))
             .collect();
         let spec_revision = self.spec_hash.as_ref().map(|h| format!("spec-{h}"));
-        let tainted = seen
+        let mut tainted: std::collections::BTreeSet<&str> = seen
             .nodes
             .nodes
             .values()
             .filter(|n| n.taints.iter().any(is_promoting))
             .map(|n| n.name.as_str())
             .collect();
+        // Its own taint writes the node cache does not show yet (removals
+        // it does show are forgotten as they are made).
+        tainted.extend(
+            self.taints_written
+                .iter()
+                .filter(|n| seen.nodes.nodes.contains_key(n.as_str()))
+                .map(String::as_str),
+        );
         Context {
             pair,
             order: sel.order,
@@ -478,6 +486,7 @@ impl Model {
         let now = self.now;
         match step {
             PromotionStep::Taint { nodes } => {
+                self.taints_written.extend(nodes.iter().cloned());
                 for n in nodes {
                     let taint = Taint {
                         key: PROMOTING_TAINT.into(),
@@ -520,6 +529,7 @@ impl Model {
             PromotionStep::DeleteCanary => self.cluster.selector_delete_canary(true, now),
             PromotionStep::Untaint { nodes } => {
                 for n in nodes {
+                    self.taints_written.remove(n);
                     self.cluster.untaint(n, PROMOTING_TAINT);
                 }
             }
