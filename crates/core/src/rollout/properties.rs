@@ -173,6 +173,10 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 selector,
                 steps,
             )| {
+                // Opt-in while findings are open (docs/design/selector-strategy.md,
+                // "Open findings"); drawn either way, so a seed maps to the
+                // same faults with and without it.
+                let selector = selector.filter(|_| selector_cases());
                 Scenario {
                     nodes,
                     max_unavailable,
@@ -450,6 +454,14 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.cluster.probes
     );
     Ok(())
+}
+
+/// `SAFEROLLOUT_PROPS_SELECTOR=1`: half the cases run `strategy: Selector`.
+/// Off by default until its open findings are fixed: the operator refuses
+/// the strategy meanwhile, and CI must not fail on a known, open bug at
+/// random.
+fn selector_cases() -> bool {
+    std::env::var("SAFEROLLOUT_PROPS_SELECTOR").is_ok_and(|v| v == "1")
 }
 
 fn cases() -> u32 {

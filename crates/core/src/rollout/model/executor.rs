@@ -245,9 +245,12 @@ impl Model {
         let pods = if self.cluster.selector.is_some() {
             selector_pods = self.selector_pods(seen);
             let ctx = self.selector_context(seen, &selector_pods);
-            let mut pods = crate::selector::engine_pods(&selector_pods, &ctx);
-            self.expectations.apply(&mut pods, self.now);
-            pods
+            // The operator's memory of its deletions is already laid over
+            // `selector_pods`; applied again here, it would read the pods
+            // this view shows leaving as the cache confirming them, and
+            // forget them (the property tests found two Ready agents
+            // deleted at maxUnavailable 1 that way).
+            crate::selector::engine_pods(&selector_pods, &ctx)
         } else {
             let mut pods = PodsByNode::default();
             for p in seen.pods.pods.values() {
