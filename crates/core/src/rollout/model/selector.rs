@@ -444,19 +444,19 @@ impl Model {
     /// before the call) the serving agents the write takes away, whose
     /// controller deletes them: the budget paid for them.
     fn hand_over(&mut self, node: &str, to: HandoverState) {
-        let toward = match to {
-            HandoverState::Old => crate::handover::Toward::Old,
-            HandoverState::New => crate::handover::Toward::New,
-            _ => self.selector_toward(),
-        };
+        // Only the pods whose controller deletes them in the new state: at
+        // `surge` the leaving agent stays until the node moves on (the
+        // engine sees it leaving through the label), and remembered as
+        // deleted it would read as no longer serving to the handover itself.
+        let expression = self.cluster.sel().target_expression;
         let leaving: Vec<(String, bool)> = self
             .cluster
             .pods
             .values()
             .filter(|p| p.node == node && p.terminating.is_none())
-            .filter(|p| {
-                let expression = self.cluster.sel().target_expression;
-                crate::selector::leaving(p.owner, to, toward, expression)
+            .filter(|p| match p.owner {
+                Owner::Target => expression && !to.target_runs(),
+                Owner::Canary => !to.canary_runs(),
             })
             .map(|p| (p.uid.clone(), p.serves()))
             .collect();
@@ -473,13 +473,6 @@ impl Model {
             }
         }
         self.cluster.set_handover(node, to);
-    }
-
-    fn selector_toward(&self) -> crate::handover::Toward {
-        match self.cluster.sel().canary.as_ref() {
-            Some(c) if !c.retiring => crate::handover::Toward::New,
-            _ => crate::handover::Toward::Old,
-        }
     }
 
     fn promote(&mut self, step: &PromotionStep) {
