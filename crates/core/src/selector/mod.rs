@@ -367,6 +367,12 @@ fn delete_pods(pods: Vec<PodRef>, ctx: &Context) -> Vec<Step> {
     steps
 }
 
+/// The canary's revision passed (it is the stable one): its promotion is
+/// due.
+fn promotes(ctx: &Context, c: Canary) -> bool {
+    c.revision.is_some() && c.revision == ctx.stable
+}
+
 /// What goes on without the engine asking, given the steps its actions
 /// became this pass (`translated`).
 pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
@@ -398,24 +404,24 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
     let labelled = ctx.states.values().any(|s| *s != HandoverState::Old);
     let writes_canary = translated.contains(&Step::WriteCanary);
     match ctx.pair.canary {
+        // A promotion given up before the target's template was written
+        // (the canary retiring, or given another template): the target
+        // still reads the labels, so the taints only keep the agents off
+        // their nodes.
+        Some(c)
+            if (c.retiring || !promotes(ctx, c))
+                && ctx.promotion.target_has_expression
+                && !ctx.promotion.tainted.is_empty() =>
+        {
+            steps.push(Step::Promote(promotion::untaint_all(ctx)));
+        }
         Some(c) if c.retiring => {
             let canary_pods = ctx
                 .pods
                 .values()
                 .flatten()
                 .any(|p| p.owner == Owner::Canary);
-            if !ctx.promotion.tainted.is_empty() && ctx.promotion.target_has_expression {
-                // As below: a promotion given up; its taints would keep the
-                // target from the nodes it takes back.
-                steps.push(Step::Promote(promotion::PromotionStep::Untaint {
-                    nodes: ctx
-                        .promotion
-                        .tainted
-                        .iter()
-                        .map(|n| n.to_string())
-                        .collect(),
-                }));
-            } else if !labelled && !canary_pods && !writes_canary {
+            if !labelled && !canary_pods && !writes_canary {
                 steps.push(Step::DeleteCanary);
             }
         }
@@ -423,25 +429,8 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
             // Not in a pass that moves nodes: the promotion reads every
             // node's state as this pass found it.
             let moves = translated.iter().any(|s| !matches!(s, Step::Engine(_)));
-            let promotes = c.revision.is_some() && c.revision == ctx.stable;
-            if promotes && !moves {
+            if promotes(ctx, c) && !moves {
                 steps.extend(promotion::next(ctx).map(Step::Promote));
-            } else if !promotes
-                && ctx.promotion.target_has_expression
-                && !ctx.promotion.tainted.is_empty()
-            {
-                // A promotion given up before the target's template was
-                // written (the canary got another template): the target
-                // still reads the labels, so the taints only keep the
-                // canary from its nodes.
-                steps.push(Step::Promote(promotion::PromotionStep::Untaint {
-                    nodes: ctx
-                        .promotion
-                        .tainted
-                        .iter()
-                        .map(|n| n.to_string())
-                        .collect(),
-                }));
             }
         }
         None => {

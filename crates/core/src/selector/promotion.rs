@@ -141,6 +141,18 @@ pub(super) fn next(ctx: &Context) -> Option<PromotionStep> {
     Some(PromotionStep::DeleteCanary)
 }
 
+/// Removes the promotion taint from every node that carries it.
+pub(super) fn untaint_all(ctx: &Context) -> PromotionStep {
+    PromotionStep::Untaint {
+        nodes: ctx
+            .promotion
+            .tainted
+            .iter()
+            .map(|n| n.to_string())
+            .collect(),
+    }
+}
+
 /// What is left of a promotion once the canary is gone: the taints (only
 /// when every agent pod is the target's), then the handover labels. (A
 /// retired canary is deleted only once no node is labelled; labels without
@@ -156,14 +168,7 @@ pub(super) fn finish(ctx: &Context) -> Option<PromotionStep> {
         {
             return None; // still to be adopted
         }
-        return Some(PromotionStep::Untaint {
-            nodes: ctx
-                .promotion
-                .tainted
-                .iter()
-                .map(|n| n.to_string())
-                .collect(),
-        });
+        return Some(untaint_all(ctx));
     }
     let labelled: Vec<String> = ctx
         .states
