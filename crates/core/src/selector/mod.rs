@@ -25,6 +25,7 @@
 //! Pure: the operator and the model build a [`Context`] from what they
 //! observe and execute the [`Step`]s.
 
+pub mod observe;
 pub mod promotion;
 pub mod template;
 
@@ -74,7 +75,7 @@ pub fn revision_name(stripped: &serde_json::Value) -> String {
 }
 
 /// Which DaemonSet owns a pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Owner {
     Target,
     Canary,

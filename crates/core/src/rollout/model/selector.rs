@@ -396,6 +396,21 @@ impl Model {
 
     /// Performs one step of the translation.
     pub(super) fn perform_step(&mut self, step: &Step, decided_generation: i64) {
+        let target_generation = self.cluster.ds.generation;
+        self.perform_step_writes(step, decided_generation);
+        // A write of the target (its handover expression, the promoted
+        // template) is remembered as the operator remembers the generation
+        // its update returned: no pass decides on a cache older than it (a
+        // handover label written on a lagging cache's word that the target
+        // still reads labels left a joined node with two agents, found by
+        // the property tests).
+        if self.cluster.ds.generation != target_generation {
+            self.expectations
+                .daemonset_written(self.cluster.ds.generation);
+        }
+    }
+
+    fn perform_step_writes(&mut self, step: &Step, decided_generation: i64) {
         let now = self.now;
         match step {
             Step::Engine(a) => self.perform(a, decided_generation),
