@@ -1,11 +1,15 @@
-//! Spike for the `Selector` rollout strategy, against the real DaemonSet
-//! controller (kube-controller-manager v1.37.2), without the operator.
+//! The `Selector` rollout strategy's mechanics against the real DaemonSet
+//! controller (kube-controller-manager v1.37.2), without the operator, built
+//! from the objects the operator writes (`saferollout_core::selector::objects`:
+//! the canary DaemonSet, the target's template with and without its handover
+//! expression, a released pod's labels, the canary's nudge).
 //!
-//! The target DaemonSet T is made `OnDelete` and given a required node-affinity
-//! term `<rollout>-old-off DoesNotExist`; a canary DaemonSet C runs the new
-//! template on nodes labelled `<rollout>-new-on`. Two node labels move the
-//! agent from T to C node by node. Promotion hands every pod C made to T
-//! without deleting or creating one:
+//! The target DaemonSet T is made `OnDelete` and given the target's handover
+//! expression (`<key> NotIn [drain, new]`); a canary DaemonSet C runs the new
+//! template where the node's handover label is `surge` or `new`. The one
+//! label's states move the agent from T to C node by node (break before
+//! make: `drain`, then `new`; make before break: `surge`, then `new`).
+//! Promotion hands every pod C made to T without deleting or creating one:
 //!
 //! 1. taint every node `saferollout.dev/promoting=<rollout>:NoSchedule`, and
 //!    see the DaemonSet controller's node cache hold the taints (C's status:
@@ -28,12 +32,15 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetUpdateStrategy};
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy, WatchEvent,
     WatchParams,
 };
 use kube::runtime::watcher;
+use saferollout_core::handover::HandoverState;
+use saferollout_core::selector::{self, objects};
 use saferollout_testkit::{cluster, kubectl, wait_for_all, wait_for_object};
 use serde_json::{Value, json};
 
@@ -42,10 +49,10 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 const TARGET: &str = "agent";
 const OLD_IMAGE: &str = "registry.example/agent:v1";
 const NEW_IMAGE: &str = "registry.example/agent:v2";
-const CANARY: &str = "saferollout.dev/canary";
+const CANARY: &str = selector::CANARY_OF_LABEL;
 const PROMOTING: &str = "saferollout.dev/promoting";
 const HASH: &str = "controller-revision-hash";
-const TEMPLATE_GENERATION: &str = "pod-template-generation";
+const TEMPLATE_GENERATION: &str = objects::TEMPLATE_GENERATION_LABEL;
 
 /// The tests label and taint every node: one at a time.
 static NODE_STATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -54,16 +61,14 @@ fn node_names() -> Vec<String> {
     (0..NODES).map(|i| format!("sim-gpu-{i}")).collect()
 }
 
-fn old_off(rollout: &str) -> String {
-    format!("saferollout.dev/{rollout}-old-off")
+/// The rollout's handover label key on nodes.
+fn handover_key(rollout: &str) -> String {
+    selector::handover_label_key(rollout)
 }
 
-fn new_on(rollout: &str) -> String {
-    format!("saferollout.dev/{rollout}-new-on")
-}
-
-fn canary_name(rollout: &str) -> String {
-    format!("{TARGET}-canary-{rollout}")
+/// The canary's name (each test has its own namespace).
+fn canary_name() -> String {
+    selector::canary_name(TARGET)
 }
 
 /// The agent's pod template: plain pods (no sim label), which KWOK makes
@@ -73,12 +78,6 @@ fn template(image: &str) -> Value {
         "metadata": {"labels": {"app": TARGET}, "annotations": {"agent.example/image": image}},
         "spec": {"containers": [{"name": "agent", "image": image}]}
     })
-}
-
-fn required_term(key: &str, operator: &str) -> Value {
-    json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": operator}]}]
-    }}})
 }
 
 fn target_daemonset() -> DaemonSet {
@@ -94,23 +93,11 @@ fn target_daemonset() -> DaemonSet {
     .unwrap()
 }
 
-/// C: the new template, plus the canary label and the `new-on` affinity;
-/// its selector is T's plus the canary label (so C can only ever select pods
-/// T's selector also selects, and never T's own pods, which lack the label).
-fn canary_daemonset(rollout: &str) -> DaemonSet {
-    let mut t = template(NEW_IMAGE);
-    t["metadata"]["labels"][CANARY] = json!(rollout);
-    t["spec"]["affinity"] = required_term(&new_on(rollout), "Exists");
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": canary_name(rollout)},
-        "spec": {
-            "selector": {"matchLabels": {"app": TARGET, CANARY: rollout}},
-            "updateStrategy": {"type": "OnDelete"},
-            "template": t
-        }
-    }))
-    .unwrap()
+/// C as the operator creates it for T (owned by `owner`, a stand-in for
+/// the SafeRollout).
+fn canary_daemonset(t: &DaemonSet, rollout: &str, owner: OwnerReference) -> DaemonSet {
+    objects::canary_daemonset(t, &template(NEW_IMAGE), &handover_key(rollout), rollout, owner)
+        .expect("T has matchLabels")
 }
 
 // ---------------------------------------------------------------------------
@@ -379,7 +366,9 @@ impl Drop for NodeCleanup {
         for n in nodes["items"].as_array().into_iter().flatten() {
             let node = n["metadata"]["name"].as_str().unwrap_or_default();
             for key in n["metadata"]["labels"].as_object().into_iter().flatten() {
-                if key.0.starts_with("saferollout.dev/") {
+                if key.0.starts_with("saferollout.dev/")
+                    || key.0.starts_with(selector::HANDOVER_LABEL_PREFIX)
+                {
                     let _ = kubectl(&kc, &["label", "node", node, &format!("{}-", key.0)]);
                 }
             }
@@ -404,6 +393,16 @@ async fn set_node_label(
         .patch(node, &PatchParams::default(), &Patch::Merge(patch))
         .await?;
     Ok(())
+}
+
+/// Writes a node's handover label (`Old`: removes it).
+async fn set_handover(
+    nodes: &Api<Node>,
+    node: &str,
+    rollout: &str,
+    state: HandoverState,
+) -> anyhow::Result<()> {
+    set_node_label(nodes, node, &handover_key(rollout), state.label_value()).await
 }
 
 /// Adds (`Some(value)`) or removes the promoting taint: read, change, replace,
@@ -508,33 +507,55 @@ async fn start_target(dss: &Api<DaemonSet>, pods: &Api<Pod>) -> anyhow::Result<D
     Ok(t)
 }
 
-/// Makes T `OnDelete` with the `old-off DoesNotExist` term; returns T's
+/// Makes T `OnDelete` with the target's handover expression; returns T's
 /// original update strategy.
 async fn prepare_target(
     dss: &Api<DaemonSet>,
     rollout: &str,
 ) -> anyhow::Result<DaemonSetUpdateStrategy> {
     let original = dss.get(TARGET).await?.spec.update_strategy.unwrap();
-    let term = required_term(&old_off(rollout), "DoesNotExist");
+    let key = handover_key(rollout);
     modify_ds(dss, TARGET, |ds| {
         let spec = &mut ds.spec;
         spec.update_strategy = Some(serde_json::from_value(json!({"type": "OnDelete"})).unwrap());
-        let pod = spec.template.spec.as_mut().unwrap();
-        pod.affinity = Some(serde_json::from_value(term.clone()).unwrap());
+        let current = serde_json::to_value(&spec.template).unwrap();
+        spec.template =
+            serde_json::from_value(objects::target_template(&current, &key, true)).unwrap();
     })
     .await?;
     wait_ds(dss, TARGET, |d| ds_status(d).5).await?;
     Ok(original)
 }
 
+/// Creates C, owned by a ConfigMap standing in for the SafeRollout (an
+/// owner must exist, or the garbage collector deletes C).
 async fn start_canary(dss: &Api<DaemonSet>, rollout: &str) -> anyhow::Result<DaemonSet> {
-    dss.create(&PostParams::default(), &canary_daemonset(rollout))
+    let ns = dss.get(TARGET).await?.metadata.namespace.unwrap_or_default();
+    let cms: Api<ConfigMap> = Api::namespaced(cluster().client().await?, &ns);
+    let stand_in = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("rollout-{rollout}")),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let stand_in = cms.create(&PostParams::default(), &stand_in).await?;
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: stand_in.metadata.name.clone().unwrap_or_default(),
+        uid: stand_in.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let t = dss.get(TARGET).await?;
+    dss.create(&PostParams::default(), &canary_daemonset(&t, rollout, owner))
         .await?;
-    wait_ds(dss, &canary_name(rollout), |d| ds_status(d).5).await
+    wait_ds(dss, &canary_name(), |d| ds_status(d).5).await
 }
 
-/// Break before make on one node: `old-off`, T's pod gone, then `new-on`,
-/// C's pod Ready.
+/// Break before make on one node: `drain`, T's pod gone, then `new`, C's
+/// pod Ready.
 async fn move_break_before_make(
     nodes: &Api<Node>,
     pods: &Api<Pod>,
@@ -543,14 +564,14 @@ async fn move_break_before_make(
     t: &str,
     c: &str,
 ) -> anyhow::Result<()> {
-    set_node_label(nodes, node, &old_off(rollout), Some("true")).await?;
+    set_handover(nodes, node, rollout, HandoverState::Drain).await?;
     wait_gone_from(pods, t, node).await?;
-    set_node_label(nodes, node, &new_on(rollout), Some("true")).await?;
+    set_handover(nodes, node, rollout, HandoverState::New).await?;
     wait_ready_on(pods, c, node).await
 }
 
-/// Make before break on one node: `new-on`, C's pod Ready, then `old-off`,
-/// T's pod gone.
+/// Make before break on one node: `surge`, C's pod Ready beside T's, then
+/// `new`, T's pod gone.
 async fn move_make_before_break(
     nodes: &Api<Node>,
     pods: &Api<Pod>,
@@ -559,9 +580,9 @@ async fn move_make_before_break(
     t: &str,
     c: &str,
 ) -> anyhow::Result<()> {
-    set_node_label(nodes, node, &new_on(rollout), Some("true")).await?;
+    set_handover(nodes, node, rollout, HandoverState::Surge).await?;
     wait_ready_on(pods, c, node).await?;
-    set_node_label(nodes, node, &old_off(rollout), Some("true")).await?;
+    set_handover(nodes, node, rollout, HandoverState::New).await?;
     wait_gone_from(pods, t, node).await
 }
 
@@ -633,8 +654,7 @@ async fn current_hash(
 async fn witness_taints(dss: &Api<DaemonSet>, canary: &str) -> anyhow::Result<u32> {
     let deadline = Instant::now() + TIMEOUT;
     for poke in 1.. {
-        let patch =
-            json!({"metadata": {"annotations": {"spike.saferollout.dev/poke": poke.to_string()}}});
+        let patch = objects::nudge_patch(&poke.to_string());
         dss.patch(canary, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
         let seen = wait_for_object(dss, canary, Duration::from_secs(3), |d| {
@@ -692,7 +712,7 @@ async fn promote(
     original_strategy: &DaemonSetUpdateStrategy,
     handover: Handover,
 ) -> anyhow::Result<Promotion> {
-    let canary = canary_name(rollout);
+    let canary = canary_name();
     let t_uid = ds_uid(&dss.get(TARGET).await?);
     let mut timings = Timings::default();
     let mut at = Instant::now();
@@ -704,8 +724,11 @@ async fn promote(
     let pokes = witness_taints(dss, &canary).await?;
     timings.step("1 taint + witness", &mut at);
 
-    // 2. T's template := the new template, still OnDelete.
-    let new_template = template(NEW_IMAGE);
+    // 2. T's template := C's, without the strategy's additions (the
+    // canary's expression and label, T's expression), still OnDelete.
+    let key = handover_key(rollout);
+    let canary_template = serde_json::to_value(dss.get(&canary).await?.spec.template)?;
+    let new_template = objects::target_template(&canary_template, &key, false);
     let t = modify_ds(dss, TARGET, |ds| {
         ds.spec.template = serde_json::from_value(new_template.clone()).unwrap();
     })
@@ -718,8 +741,7 @@ async fn promote(
     let (hash, _) = current_hash(crs, &t_uid).await?;
     timings.step("2 template + revision", &mut at);
 
-    let relabel =
-        json!({"metadata": {"labels": {HASH: hash, CANARY: null, TEMPLATE_GENERATION: null}}});
+    let relabel = objects::release_patch(&hash);
     let revisions_after_handover;
     match handover {
         Handover::OrphanDelete => {
@@ -793,8 +815,7 @@ async fn promote(
     })
     .await?;
     for n in node_names() {
-        set_node_label(nodes, &n, &old_off(rollout), None).await?;
-        set_node_label(nodes, &n, &new_on(rollout), None).await?;
+        set_handover(nodes, &n, rollout, HandoverState::Old).await?;
     }
     let strategy = original_strategy.clone();
     let t = modify_ds(dss, TARGET, |ds| {
@@ -940,11 +961,12 @@ async fn promotion(handover: Handover, prefix: &str, rollout: &str) -> anyhow::R
         (desired, current, updated, available, misscheduled),
         (4, 4, 4, 4, 0)
     );
-    assert!(dss.get_opt(&canary_name(rollout)).await?.is_none());
+    assert!(dss.get_opt(&canary_name()).await?.is_none());
     for n in nodes.list(&ListParams::default()).await? {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         assert!(
-            !labels.keys().any(|k| k.starts_with("saferollout.dev/")),
+            !labels.keys().any(|k| k.starts_with("saferollout.dev/")
+                || k.starts_with(selector::HANDOVER_LABEL_PREFIX)),
             "{labels:?}"
         );
         let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
@@ -1020,11 +1042,11 @@ async fn move_all_break_before_make(
     c: &str,
 ) -> anyhow::Result<()> {
     for n in node_names() {
-        set_node_label(nodes, &n, &old_off(rollout), Some("true")).await?;
+        set_handover(nodes, &n, rollout, HandoverState::Drain).await?;
     }
     wait_pods(pods, |ps| !ps.iter().any(|p| owner_uid(p) == Some(t))).await?;
     for n in node_names() {
-        set_node_label(nodes, &n, &new_on(rollout), Some("true")).await?;
+        set_handover(nodes, &n, rollout, HandoverState::New).await?;
     }
     wait_every_node_ready(pods, c, NEW_IMAGE).await?;
     Ok(())
@@ -1194,11 +1216,12 @@ async fn revert_brings_the_old_agent_back_and_an_abort_restarts_nothing() -> any
     let canary_pods = by_node(&s.pods.list(&ListParams::default()).await?.items, &c_uid);
     let from = rec.len();
 
-    // Revert, break before make in reverse: new-on off, C's pod gone, old-off off.
+    // Revert, break before make in reverse: `drain` (C's pod gone), then no
+    // label (T's back).
     for n in moved {
-        set_node_label(&s.nodes, n, &new_on(rollout), None).await?;
+        set_handover(&s.nodes, n, rollout, HandoverState::Drain).await?;
         wait_gone_from(&s.pods, &c_uid, n).await?;
-        set_node_label(&s.nodes, n, &old_off(rollout), None).await?;
+        set_handover(&s.nodes, n, rollout, HandoverState::Old).await?;
         wait_pods(&s.pods, |ps| {
             let on = owned_on(ps, &t_uid, n);
             on.len() == 1 && ready(on[0]) && image(on[0]) == OLD_IMAGE
@@ -1219,7 +1242,7 @@ async fn revert_brings_the_old_agent_back_and_an_abort_restarts_nothing() -> any
         let p = reverted.iter().find(|p| uid(p) == back[0]).unwrap();
         assert_eq!(image(p), OLD_IMAGE);
         // T made it from its current revision: the old template plus the
-        // old-off term, not the original revision.
+        // handover expression, not the original revision.
         assert_eq!(label(p, HASH), Some(affinity_hash.as_str()));
         assert_ne!(affinity_hash, original_hash);
     }
@@ -1244,7 +1267,7 @@ async fn revert_brings_the_old_agent_back_and_an_abort_restarts_nothing() -> any
         hash, original_hash,
         "the original revision is current again"
     );
-    let patch = json!({"metadata": {"labels": {HASH: hash, TEMPLATE_GENERATION: null}}});
+    let patch = objects::release_patch(&hash);
     for p in &reverted {
         if label(p, HASH) != Some(hash.as_str()) {
             s.pods
@@ -1253,9 +1276,9 @@ async fn revert_brings_the_old_agent_back_and_an_abort_restarts_nothing() -> any
         }
     }
     s.dss
-        .delete(&canary_name(rollout), &Default::default())
+        .delete(&canary_name(), &Default::default())
         .await?;
-    wait_for_object(&s.dss, &canary_name(rollout), TIMEOUT, |d| d.is_none()).await?;
+    wait_for_object(&s.dss, &canary_name(), TIMEOUT, |d| d.is_none()).await?;
     let strategy = original.clone();
     let t = modify_ds(&s.dss, TARGET, |ds| {
         ds.spec.update_strategy = Some(strategy.clone());
@@ -1335,7 +1358,7 @@ async fn without_the_taint_the_target_starts_a_second_agent_on_every_node() -> a
         propagation_policy: Some(PropagationPolicy::Orphan),
         ..Default::default()
     };
-    s.dss.delete(&canary_name(rollout), &dp).await?;
+    s.dss.delete(&canary_name(), &dp).await?;
     let end = wait_pods(&s.pods, |ps| {
         ps.len() == NODES
             && node_names()
@@ -1367,10 +1390,11 @@ async fn without_the_taint_the_target_starts_a_second_agent_on_every_node() -> a
     Ok(())
 }
 
-/// Steps 1 and 2 left out (C orphaned while T still has the old-off term):
+/// Steps 1 and 2 left out (C orphaned while T still has its handover
+/// expression):
 /// T adopts every pod and deletes it, leaving the nodes without an agent.
 #[tokio::test]
-async fn adopting_under_the_old_off_term_deletes_every_agent() -> anyhow::Result<()> {
+async fn adopting_under_the_targets_expression_deletes_every_agent() -> anyhow::Result<()> {
     let _serial = NODE_STATE.lock().await;
     let _clean = NodeCleanup;
     let s = setup("selector-early-orphan").await?;
@@ -1387,7 +1411,7 @@ async fn adopting_under_the_old_off_term_deletes_every_agent() -> anyhow::Result
         propagation_policy: Some(PropagationPolicy::Orphan),
         ..Default::default()
     };
-    s.dss.delete(&canary_name(rollout), &dp).await?;
+    s.dss.delete(&canary_name(), &dp).await?;
     wait_pods(&s.pods, |ps| ps.is_empty()).await?;
     // No pod is left to mark the stream with: wait for the deletions' events.
     rec.until(|es| {
