@@ -64,7 +64,7 @@ fn install_policy(c: &TestCluster, dir: &std::path::Path) -> anyhow::Result<Vec<
 fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
     let secret = format!("--resource-name={SECRET}");
     // (role, verbs, resource, more)
-    let roles: [(&str, &str, &str, &[&str]); 6] = [
+    let roles: [(&str, &str, &str, &[&str]); 8] = [
         (
             "sr-author",
             "create,update,patch,get,list,watch",
@@ -76,6 +76,8 @@ fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
         ("prober", "create", "pods", &[]),
         ("log-reader", "get", "pods/log", &[]),
         ("prom-secret", "get", "secrets", &[&secret]),
+        ("canary-owner", "create,delete", "daemonsets.apps", &[]),
+        ("pod-labeller", "patch", "pods", &[]),
     ];
     for (role, verbs, resource, more) in roles {
         let (verbs, resource) = (format!("--verb={verbs}"), format!("--resource={resource}"));
@@ -94,6 +96,8 @@ fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
                 "prober",
                 "log-reader",
                 "prom-secret",
+                "canary-owner",
+                "pod-labeller",
             ],
         ),
         ("carol", &["sr-author", "ds-get"]),
@@ -180,6 +184,12 @@ fn manifests(ns: &str, resource: &str) -> Vec<(&'static str, Value, String)> {
                 "onFailure": "Quarantine",
                 "quarantine": {"driver": "gpu.nvidia.com", "effect": "NoExecute"}})),
             "user alice may not create devicetaintrules.resource.k8s.io".to_string(),
+        ),
+        (
+            "selector-strategy",
+            base(json!({"strategy": "Selector",
+                "template": agent_template(resource, "registry.example/plugin:v2")})),
+            format!("user alice may not create and delete daemonsets.apps and patch pods in namespace {ns}, and patch nodes"),
         ),
         (
             "unlisted-prometheus",
