@@ -47,6 +47,12 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 {{- end }}
 # Events about each SafeRollout (gate failures, reverts, preflight findings).
 - {apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}
+{{- if .Values.selector.enabled }}
+# DaemonSets: strategy Selector creates each rollout's canary DaemonSet (owned by the SafeRollout) and deletes it.
+- {apiGroups: [apps], resources: [daemonsets], verbs: [create, delete]}
+# Pods: strategy Selector relabels agent pods (the promotion hands the canary's pods to the target).
+- {apiGroups: [""], resources: [pods], verbs: [patch]}
+{{- end }}
 {{- if .Values.deviceGates.enabled }}
 # Pods: create the claims probes (gates.claims.probe), owned by the SafeRollout.
 - {apiGroups: [""], resources: [pods], verbs: [create]}
@@ -59,7 +65,8 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 {{- define "saferollout.rules.cluster" -}}
 # Nodes: read their devices (allocatable), readiness, taints and zones.
 - {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}
-# Nodes: the stage labels (saferollout.dev/stage, saferollout.dev/rollout).
+# Nodes: the stage labels (saferollout.dev/stage, saferollout.dev/rollout); with strategy
+# Selector, the handover label and the promotion's taint.
 - {apiGroups: [""], resources: [nodes], verbs: [patch]}
 # Namespaces: the Pod Security level preflight checks a template against.
 {{- if .Values.watchNamespaces }}

@@ -85,6 +85,15 @@ pub enum HandoverOrder {
     MakeBeforeBreak,
 }
 
+impl From<saferollout_api::HandoverOrder> for HandoverOrder {
+    fn from(o: saferollout_api::HandoverOrder) -> Self {
+        match o {
+            saferollout_api::HandoverOrder::BreakBeforeMake => HandoverOrder::BreakBeforeMake,
+            saferollout_api::HandoverOrder::MakeBeforeBreak => HandoverOrder::MakeBeforeBreak,
+        }
+    }
+}
+
 /// Which agent the node should end with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Toward {

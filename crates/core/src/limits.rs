@@ -39,9 +39,8 @@ pub struct AdminLimits {
     /// Every address and Secret is allowed: planning without an operator
     /// (the CLI) and the model; never set from a flag.
     pub any_address: bool,
-    /// `strategy: Selector` may run: the model's and the planner's engine
-    /// runs it; the operator does not yet (its executor is not built), so
-    /// it never sets this.
+    /// `strategy: Selector` may run (`--selector-strategy`; the chart sets
+    /// it with the RBAC the strategy needs).
     pub selector_strategy: bool,
 }
 
@@ -130,8 +129,8 @@ fn strategy(spec: &SafeRolloutSpec, limits: &AdminLimits, out: &mut Vec<Refusal>
         refuse(
             out,
             "spec.strategy".into(),
-            "Selector is not run by this version of the operator yet \
-             (docs/design/selector-strategy.md); use InPlace"
+            "Selector is not enabled in this installation (operator flag \
+             --selector-strategy, chart value selector.enabled); use InPlace"
                 .into(),
         );
     }
@@ -566,11 +565,17 @@ mod tests {
     }
 
     #[test]
-    fn the_selector_strategy_is_refused_until_the_operator_runs_it() {
+    fn the_selector_strategy_runs_only_where_the_installation_enables_it() {
         let mut spec = spec_with(Gates::default());
         assert_eq!(refusals(&spec, &AdminLimits::default(), &[]), []);
         spec.strategy = saferollout_api::Strategy::Selector;
         let r = refusals(&spec, &AdminLimits::default(), &[]);
         assert_eq!(fields(&r), ["spec.strategy"]);
+        assert!(r[0].message.contains("--selector-strategy"), "{}", r[0]);
+        let enabled = AdminLimits {
+            selector_strategy: true,
+            ..AdminLimits::default()
+        };
+        assert_eq!(refusals(&spec, &enabled, &[]), []);
     }
 }

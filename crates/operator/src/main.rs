@@ -112,6 +112,12 @@ struct Args {
     /// Allow `gates.probe.privileged` (probes that run as root, privileged).
     #[arg(long, env = "SAFEROLLOUT_ALLOW_PRIVILEGED_PROBES", default_value_t = false, action = clap::ArgAction::Set)]
     allow_privileged_probes: bool,
+    /// Run `strategy: Selector` SafeRollouts (a canary DaemonSet per
+    /// rollout, node labels and taints): needs the RBAC the chart grants
+    /// with `selector.enabled` (create and delete DaemonSets, patch pods).
+    /// Off: such a SafeRollout is refused with a condition naming the field.
+    #[arg(long, env = "SAFEROLLOUT_SELECTOR_STRATEGY", default_value_t = false, action = clap::ArgAction::Set)]
+    selector_strategy: bool,
     /// How the caches get their initial state: `paged` (paginated LISTs,
     /// then watches) or `stream` (streaming lists, Kubernetes WatchList: one
     /// watch per cache that sends the current objects first).
@@ -149,8 +155,7 @@ fn limits(args: &Args) -> anyhow::Result<saferollout_core::limits::AdminLimits> 
         quarantine_no_execute: args.quarantine_allow_no_execute,
         privileged_probes: args.allow_privileged_probes,
         any_address: false,
-        // Refused until the operator's Selector executor lands.
-        selector_strategy: false,
+        selector_strategy: args.selector_strategy,
     })
 }
 

@@ -96,8 +96,14 @@ fn target_daemonset() -> DaemonSet {
 /// C as the operator creates it for T (owned by `owner`, a stand-in for
 /// the SafeRollout).
 fn canary_daemonset(t: &DaemonSet, rollout: &str, owner: OwnerReference) -> DaemonSet {
-    objects::canary_daemonset(t, &template(NEW_IMAGE), &handover_key(rollout), rollout, owner)
-        .expect("T has matchLabels")
+    objects::canary_daemonset(
+        t,
+        &template(NEW_IMAGE),
+        &handover_key(rollout),
+        rollout,
+        owner,
+    )
+    .expect("T has matchLabels")
 }
 
 // ---------------------------------------------------------------------------
@@ -530,7 +536,12 @@ async fn prepare_target(
 /// Creates C, owned by a ConfigMap standing in for the SafeRollout (an
 /// owner must exist, or the garbage collector deletes C).
 async fn start_canary(dss: &Api<DaemonSet>, rollout: &str) -> anyhow::Result<DaemonSet> {
-    let ns = dss.get(TARGET).await?.metadata.namespace.unwrap_or_default();
+    let ns = dss
+        .get(TARGET)
+        .await?
+        .metadata
+        .namespace
+        .unwrap_or_default();
     let cms: Api<ConfigMap> = Api::namespaced(cluster().client().await?, &ns);
     let stand_in = ConfigMap {
         metadata: kube::api::ObjectMeta {
@@ -549,8 +560,11 @@ async fn start_canary(dss: &Api<DaemonSet>, rollout: &str) -> anyhow::Result<Dae
         block_owner_deletion: Some(true),
     };
     let t = dss.get(TARGET).await?;
-    dss.create(&PostParams::default(), &canary_daemonset(&t, rollout, owner))
-        .await?;
+    dss.create(
+        &PostParams::default(),
+        &canary_daemonset(&t, rollout, owner),
+    )
+    .await?;
     wait_ds(dss, &canary_name(), |d| ds_status(d).5).await
 }
 
@@ -1275,9 +1289,7 @@ async fn revert_brings_the_old_agent_back_and_an_abort_restarts_nothing() -> any
                 .await?;
         }
     }
-    s.dss
-        .delete(&canary_name(), &Default::default())
-        .await?;
+    s.dss.delete(&canary_name(), &Default::default()).await?;
     wait_for_object(&s.dss, &canary_name(), TIMEOUT, |d| d.is_none()).await?;
     let strategy = original.clone();
     let t = modify_ds(&s.dss, TARGET, |ds| {

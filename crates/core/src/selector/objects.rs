@@ -161,7 +161,10 @@ mod tests {
             "spec": {"containers": [{"name": "p", "image": "plugin:v2"}]}
         });
         let c = canary_daemonset(&target(), &new, &key, "gpu.plugin", owner()).unwrap();
-        assert_eq!(c.metadata.name.as_deref(), Some("plugin-saferollout-canary"));
+        assert_eq!(
+            c.metadata.name.as_deref(),
+            Some("plugin-saferollout-canary")
+        );
         assert_eq!(c.metadata.namespace.as_deref(), Some("gpu"));
         let sel = c.spec.selector.match_labels.clone().unwrap();
         assert_eq!(sel.get("app").map(String::as_str), Some("plugin"));

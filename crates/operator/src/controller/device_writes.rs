@@ -202,33 +202,40 @@ pub async fn quarantine(
             }
         }
     }
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
     for t in taints {
-        let Some(node) = ctx
-            .caches
-            .nodes
-            .get(&kube::runtime::reflector::ObjectRef::new(&t.node))
-        else {
-            continue;
-        };
-        let taint = json!({"key": t.key, "value": t.value, "effect": t.effect});
-        let existing = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|ts| !ts.is_empty());
-        let ops = if existing {
-            json!([{"op": "add", "path": "/spec/taints/-", "value": taint}])
-        } else {
-            json!([
-                {"op": "test", "path": "/metadata/resourceVersion", "value": node.resource_version()},
-                {"op": "add", "path": "/spec/taints", "value": [taint]}
-            ])
-        };
         info!(node = %t.node, taint = %t.key, effect = %t.effect, "quarantining a node with a taint");
-        patch_node(&nodes, &t.node, ops).await?;
+        add_node_taint(ctx, t).await?;
     }
     Ok(())
+}
+
+/// Appends taint `t` to its node's taints as the node cache shows them (a
+/// JSON patch: another writer's taint is never replaced); nothing when the
+/// cache does not show the node. A node that changed meanwhile refuses it,
+/// and the next pass derives it again. `true`: the API server took it.
+pub(super) async fn add_node_taint(ctx: &Context, t: &NodeTaint) -> Result<bool> {
+    let Some(node) = ctx
+        .caches
+        .nodes
+        .get(&kube::runtime::reflector::ObjectRef::new(&t.node))
+    else {
+        return Ok(false);
+    };
+    let taint = json!({"key": t.key, "value": t.value, "effect": t.effect});
+    let existing = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| !ts.is_empty());
+    let ops = if existing {
+        json!([{"op": "add", "path": "/spec/taints/-", "value": taint}])
+    } else {
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": node.resource_version()},
+            {"op": "add", "path": "/spec/taints", "value": [taint]}
+        ])
+    };
+    patch_node(&Api::all(ctx.client.clone()), &t.node, ops).await
 }
 
 /// Deletes quarantine rules by name and removes node taints.
@@ -240,48 +247,58 @@ pub async fn lift(ctx: &Context, rules: &[String], taints: &[NodeTaint]) -> Resu
             tolerate(api.delete(name, &DeleteParams::default()).await)?;
         }
     }
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
     for t in taints {
-        let Some(node) = ctx
-            .caches
-            .nodes
-            .get(&kube::runtime::reflector::ObjectRef::new(&t.node))
-        else {
-            continue;
-        };
-        let Some(i) = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .and_then(|ts| {
-                ts.iter()
-                    .position(|x| x.key == t.key && x.effect == t.effect)
-            })
-        else {
-            continue;
-        };
         info!(node = %t.node, taint = %t.key, "lifting a quarantine: removing the node taint");
-        let ops = json!([
-            {"op": "test", "path": format!("/spec/taints/{i}/key"), "value": t.key},
-            {"op": "test", "path": format!("/spec/taints/{i}/effect"), "value": t.effect},
-            {"op": "remove", "path": format!("/spec/taints/{i}")}
-        ]);
-        patch_node(&nodes, &t.node, ops).await?;
+        remove_node_taint(ctx, t).await?;
     }
     Ok(())
 }
 
-async fn patch_node(nodes: &Api<Node>, name: &str, ops: serde_json::Value) -> Result<()> {
+/// Removes the node's taint `t` (key, value and effect), by its index in the
+/// taints the node cache shows (tested, so a list that changed meanwhile
+/// refuses it); nothing when the cache shows none.
+pub(super) async fn remove_node_taint(ctx: &Context, t: &NodeTaint) -> Result<()> {
+    let Some(node) = ctx
+        .caches
+        .nodes
+        .get(&kube::runtime::reflector::ObjectRef::new(&t.node))
+    else {
+        return Ok(());
+    };
+    let Some(i) = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|ts| {
+            ts.iter().position(|x| {
+                x.key == t.key && x.effect == t.effect && x.value.as_deref() == Some(&t.value)
+            })
+        })
+    else {
+        return Ok(());
+    };
+    let ops = json!([
+        {"op": "test", "path": format!("/spec/taints/{i}/key"), "value": t.key},
+        {"op": "test", "path": format!("/spec/taints/{i}/value"), "value": t.value},
+        {"op": "test", "path": format!("/spec/taints/{i}/effect"), "value": t.effect},
+        {"op": "remove", "path": format!("/spec/taints/{i}")}
+    ]);
+    patch_node(&Api::all(ctx.client.clone()), &t.node, ops)
+        .await
+        .map(|_| ())
+}
+
+async fn patch_node(nodes: &Api<Node>, name: &str, ops: serde_json::Value) -> Result<bool> {
     let patch: Patch<serde_json::Value> = Patch::Json(serde_json::from_value(ops)?);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
     match nodes.patch(name, &params, &patch).await {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(true),
         // Gone, or the node changed since the cache showed it (a failed
         // test, or a duplicate taint): the next pass derives it again.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 || s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 || s.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

@@ -21,6 +21,9 @@ pub enum Error {
     BackupMismatch(String),
     #[error("object has no {0}")]
     MissingField(&'static str),
+    /// `strategy: Selector` cannot build its canary DaemonSet for the target.
+    #[error("{0}")]
+    Selector(String),
     #[error("the DaemonSet's spec changed since it was read; retrying with fresh caches")]
     StaleDaemonSet,
     #[error("this replica does not hold the leader lease; not writing")]
@@ -70,6 +73,7 @@ impl Error {
             Error::MissingBackup(_) => "missing_backup".into(),
             Error::BackupMismatch(_) => "backup_mismatch".into(),
             Error::MissingField(_) => "missing_field".into(),
+            Error::Selector(_) => "selector".into(),
             Error::StaleDaemonSet => "stale_daemonset".into(),
             Error::NotLeader => "not_leader".into(),
             Error::Panicked(_) => "panic".into(),

@@ -18,6 +18,7 @@ pub mod error;
 pub mod freshness;
 pub mod labels;
 pub mod proof;
+pub mod selector;
 pub mod snapshot;
 pub mod writes;
 pub mod writing;
@@ -80,6 +81,13 @@ pub struct RolloutMemory {
     /// The status write a pass left in flight behind it
     /// ([`writes::status_behind`]); the next write waits for it.
     pub status_behind: Option<tokio::task::JoinHandle<()>>,
+    /// `strategy: Selector`: the nodes this replica tainted for the
+    /// promotion (the node cache may show the taints late).
+    pub selector_taints: BTreeSet<String>,
+    /// `strategy: Selector`: `spec.template`'s revision by content as the
+    /// API server stores it (from a dry run against the target), as of
+    /// the target and template it was of.
+    pub selector_spec: Option<(DryRunOf, String)>,
 }
 
 /// Every SafeRollout's memory, shared with their label writers.
@@ -356,6 +364,23 @@ async fn spec_template(
         (Template::Known { hash, in_place }, _) => Some((value(), hash, in_place)),
         // The DaemonSet was there when `needs` was worked out.
         (Template::DryRun { hash, .. }, None) => Some((value(), hash, false)),
+        (Template::DryRun { hash, of }, Some(ds)) if selector::applies(sr) => {
+            // Under Selector the engine compares contents: the revision
+            // the stored template is (whichever DaemonSet carries it).
+            let stored = writes::stored_template(ctx, ds, &value()).await?;
+            let key_name = saferollout_core::selector::handover_label_key(&ctx.rollout_id(key));
+            let revision = stored.map(|t| {
+                let v = serde_json::to_value(t).unwrap_or_default();
+                saferollout_core::selector::revision_name(
+                    &saferollout_core::selector::template::strip(&v, &key_name),
+                )
+            });
+            ctx.memory(key, |m| {
+                m.selector_spec = revision.map(|r| (of.clone(), r));
+                m.in_place = Some((of, false));
+            });
+            Some((value(), hash, false))
+        }
         (Template::DryRun { hash, of }, Some(ds)) => {
             let v = writes::template_in_place(ctx, ds, &value()).await?;
             ctx.memory(key, |m| m.in_place = Some((of, v)));
@@ -415,7 +440,14 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         template_value,
         now,
     };
-    let outcome = executed.actions(ctx, &plan, &changes).await;
+    let outcome = match &world.selector {
+        Some(found) => {
+            executed
+                .selector_steps(ctx, &plan, found, gathered.spec_revision.as_deref())
+                .await
+        }
+        None => executed.actions(ctx, &plan, &changes).await,
+    };
     let acted = pass_started.elapsed();
     executed.events(ctx, &plan).await;
     tracing::debug!(
@@ -453,6 +485,8 @@ fn next_pass(ctx: &Context, key: &RolloutKey, plan: &saferollout_core::pass::Pla
 struct Gathered {
     /// `spec.template`, its hash and whether the DaemonSet carries it.
     spec_template: Option<(serde_json::Value, String, bool)>,
+    /// Under `strategy: Selector`: `spec.template`'s revision by content.
+    spec_revision: Option<String>,
     preflight: Option<saferollout_api::PreflightStatus>,
     proof: saferollout_core::gates::proof::ProofEvidence,
     /// When it was read: the gates judge at this instant.
@@ -488,6 +522,10 @@ async fn gather(
         None => None,
     };
     let proof = proof::gather(sr, ctx, key, &needs, now).await;
+    let spec_revision = spec_template
+        .as_ref()
+        .filter(|_| selector::applies(sr))
+        .and_then(|_| ctx.memory(key, |m| m.selector_spec.as_ref().map(|(_, r)| r.clone())));
     let read_on = daemonset_version(&world);
     let world = snapshot::dereference(sr, &ctx.caches);
     if daemonset_version(&world) != read_on {
@@ -496,6 +534,7 @@ async fn gather(
     Ok(Ok((
         Gathered {
             spec_template,
+            spec_revision,
             preflight,
             proof,
             now,
@@ -567,8 +606,16 @@ fn decide(
         limits: &ctx.limits,
         now: gathered.now,
         caches_heard_at: ctx.caches.heard_at_for(sr),
+        selector: None,
     };
     ctx.memory(key, |m| {
+        let mut extras = extras;
+        if world.selector.is_some() {
+            extras.selector = Some(snapshot::SelectorExtras {
+                spec_revision: gathered.spec_revision.as_deref(),
+                taints_written: &m.selector_taints,
+            });
+        }
         snapshot::decide(sr, status, world, extras, &mut m.expectations)
     })
 }
@@ -632,6 +679,58 @@ impl Executed<'_> {
                 action,
             )
             .await;
+        }
+    }
+
+    /// Under `strategy: Selector`: the plan's actions translated into
+    /// steps and performed (see [`selector::steps`]); a write of the
+    /// canary's template is recorded in status as the applied template's.
+    async fn selector_steps(
+        &self,
+        ctx: &Arc<Context>,
+        plan: &saferollout_core::pass::Plan,
+        found: &selector::Found,
+        spec_revision: Option<&str>,
+    ) -> Result<Option<Requeue>> {
+        let pass = selector::steps::Pass {
+            sr: self.sr,
+            key: self.key,
+            world: self.world,
+            found,
+            template_value: self.template_value,
+            spec_revision,
+            status: &plan.status,
+        };
+        match selector::steps::run(&pass, ctx, &plan.actions).await {
+            Ok(Some(g)) => {
+                let mut recorded = plan.status.clone();
+                if let Some(a) = recorded.applied_template.as_mut() {
+                    a.generation = Some(g);
+                }
+                writes::status(self.sr, ctx, self.key, &plan.status, &recorded).await?;
+                Ok(None)
+            }
+            Ok(None) => Ok(None),
+            Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
+                Err(Error::StaleDaemonSet)
+            }
+            Err(Error::Kube(kube::Error::Api(s)))
+                if s.code == 422 && plan.actions.contains(&Action::ApplySpecTemplate) =>
+            {
+                let msg = format!(
+                    "the API server rejected spec.template for the canary of DaemonSet {}: {}",
+                    self.sr.spec.target_ref.name, s.message
+                );
+                report_invalid_template(self.sr, ctx, self.key, &plan.status, msg, self.now)
+                    .await
+                    .map(Some)
+            }
+            Err(Error::Selector(msg)) => {
+                report_invalid_template(self.sr, ctx, self.key, &plan.status, msg, self.now)
+                    .await
+                    .map(Some)
+            }
+            Err(e) => Err(e),
         }
     }
 

@@ -43,6 +43,9 @@ pub struct World {
     pub owned_by_other: Option<String>,
     /// What the device gates read.
     pub devices: super::devices::DeviceWorld,
+    /// Under `strategy: Selector`: the pair of DaemonSets (`pods` then holds
+    /// both one's agent pods).
+    pub selector: Option<super::selector::Found>,
 }
 
 impl World {
@@ -59,8 +62,13 @@ impl World {
             .collect()
     }
 
-    /// The revision the DaemonSet's template is, by content.
+    /// The revision the DaemonSet's template is, by content (under
+    /// `strategy: Selector`, the revision the engine sees as current: the
+    /// active canary's, else the target's, named by content).
     pub fn current_revision(&self) -> Option<&str> {
+        if let Some(found) = &self.selector {
+            return found.view.pair().current();
+        }
         let ds = self.ds.as_ref()?;
         current_revision(&ds.spec.template, &self.revision_views())
     }
@@ -119,11 +127,21 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
             .cloned()
     });
     let backup_content = backup.as_deref().and_then(backup_content);
+    let selector = ds
+        .as_ref()
+        .filter(|_| super::selector::applies(sr))
+        .map(|t| {
+            let id = super::rollout_id(&ns, &sr.name_any());
+            super::selector::Found::find(sr, caches, t.clone(), &id)
+        });
     let pods = caches
         .pods
         .in_namespace(&ns)
         .into_iter()
-        .filter(|p| owned_by(&p.metadata, &ds_uid))
+        .filter(|p| match &selector {
+            Some(found) => found.owner_of(&p.metadata).is_some(),
+            None => owned_by(&p.metadata, &ds_uid),
+        })
         .collect();
     let owned_by_other = caches
         .rollouts_in(&ns)
@@ -147,6 +165,7 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
         nodes: caches.nodes_by_name(),
         owned_by_other,
         devices: super::devices::gather(sr, &caches.devices),
+        selector,
     }
 }
 
@@ -162,6 +181,17 @@ pub struct Extras<'a> {
     pub now: Timestamp,
     /// When the stalest cache the pass reads last heard from the API server.
     pub caches_heard_at: Option<Timestamp>,
+    /// Under `strategy: Selector`: what the pass knows beyond the caches.
+    pub selector: Option<SelectorExtras<'a>>,
+}
+
+/// What a `Selector` pass knows beyond the caches.
+pub struct SelectorExtras<'a> {
+    /// `spec.template`'s revision by content (as the API server stores it:
+    /// from the dry run), when there is one.
+    pub spec_revision: Option<&'a str>,
+    /// The promotion taints this replica wrote (the node cache may lag).
+    pub taints_written: &'a std::collections::BTreeSet<String>,
 }
 
 /// Builds the views of `world` and decides; also counts nodes for the metrics.
@@ -179,13 +209,49 @@ pub fn decide(
         .map(|v| (v.name, v))
         .collect();
     expectations.apply_labels(&mut node_views, extras.rollout_id, extras.now);
-    let mut pods: PodsByNode = pods_by_node(world.agent_pods());
-    expectations.apply(&mut pods, extras.now);
     let revision_views = world.revision_views();
-    let ds_view = world.ds.as_ref().map(|ds| {
-        let current = current_revision(&ds.spec.template, &revision_views);
-        DaemonSetView::of(ds, current, revision_views.iter().map(|r| r.hash).collect())
-    });
+    let owned;
+    let (pods, ds_view, revision_contents, spec_template) =
+        match (&world.selector, extras.selector.as_ref()) {
+            (Some(found), Some(more)) => {
+                // Both DaemonSets shown to the engine as one.
+                owned = found.owned_pods(&world.pods, expectations, extras.now);
+                let ctx = found.context(
+                    &owned,
+                    &world.nodes,
+                    status,
+                    more.spec_revision == Some(found.view.target.revision.as_str()),
+                    more.taints_written,
+                    sr.spec.handover_order().into(),
+                );
+                let pods = saferollout_core::selector::engine_pods(&owned, &ctx);
+                let carrier = ctx.pair.current();
+                let spec_template = extras.spec_template.map(|t| SpecTemplate {
+                    hash: t.hash,
+                    in_place: more.spec_revision.is_some() && more.spec_revision == carrier,
+                });
+                (
+                    pods,
+                    Some(found.view.engine_view(&found.target)),
+                    &found.view.contents,
+                    spec_template,
+                )
+            }
+            _ => {
+                let mut pods: PodsByNode = pods_by_node(world.agent_pods());
+                expectations.apply(&mut pods, extras.now);
+                let ds_view = world.ds.as_ref().map(|ds| {
+                    let current = current_revision(&ds.spec.template, &revision_views);
+                    DaemonSetView::of(ds, current, revision_views.iter().map(|r| r.hash).collect())
+                });
+                (
+                    pods,
+                    ds_view,
+                    &world.revision_contents,
+                    extras.spec_template,
+                )
+            }
+        };
     let annotations = sr.annotations();
     let observed = Observed {
         spec: &sr.spec,
@@ -199,7 +265,7 @@ pub fn decide(
         owned_by_other: world.owned_by_other.as_deref(),
         preflight: extras.preflight,
         daemonset: ds_view.as_ref(),
-        spec_template: extras.spec_template,
+        spec_template,
         name: sr.metadata.name.as_deref().unwrap_or_default(),
         backup: world.backup.as_ref().and_then(|b| {
             Some(BackupView {
@@ -213,7 +279,7 @@ pub fn decide(
                 content: world.backup_content.as_deref(),
             })
         }),
-        revision_contents: &world.revision_contents,
+        revision_contents,
         pods: &pods,
         nodes: &node_views,
         rollout_id: extras.rollout_id,

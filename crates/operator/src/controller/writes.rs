@@ -56,7 +56,7 @@ pub fn is_failed_guard(s: &kube::core::Status) -> bool {
 /// parallel).
 const PARALLEL_WRITES: usize = 64;
 
-fn fenced(ctx: &Context) -> Result<()> {
+pub(super) fn fenced(ctx: &Context) -> Result<()> {
     if ctx.fence.is_open() {
         Ok(())
     } else {
@@ -486,6 +486,30 @@ async fn backup_template(
         .ok_or_else(|| Error::MissingBackup(format!("DaemonSet revision {revision}")))?;
     let template =
         revision_template_json(source).ok_or_else(|| Error::MissingBackup(source.name_any()))?;
+    record_backup(
+        sr,
+        ctx,
+        ns,
+        &ds.name_any(),
+        revision,
+        template,
+        source.revision.unwrap_or_default(),
+    )
+    .await
+}
+
+/// Records `template` as the last good backup of `revision` (a
+/// ControllerRevision owned by the SafeRollout, the DaemonSet's revision
+/// `number`), and deletes the SafeRollout's older backups.
+pub(super) async fn record_backup(
+    sr: &SafeRollout,
+    ctx: &Context,
+    ns: &str,
+    ds_name: &str,
+    revision: &str,
+    template: serde_json::Value,
+    number: i64,
+) -> Result<()> {
     // Refuse a template that is not a pod template rather than back up garbage.
     let _: PodTemplateSpec = serde_json::from_value(template.clone())?;
     let name = backup_name(&sr.name_any(), revision);
@@ -509,8 +533,8 @@ async fn backup_template(
             }]),
             ..Default::default()
         },
-        data: RawExtension(json!({"template": template, "daemonSet": ds.name_any()})),
-        revision: source.revision,
+        data: RawExtension(json!({"template": template, "daemonSet": ds_name})),
+        revision: Some(number),
     };
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -545,7 +569,12 @@ async fn backup_template(
         Err(e) => return Err(e.into()),
     }
     let sr_uid = sr.metadata.uid.clone().unwrap_or_default();
-    for old in all
+    let owned =
+        |cr: &ControllerRevision, uid: &str| cr.owner_references().iter().any(|o| o.uid == uid);
+    for old in ctx
+        .caches
+        .revisions
+        .in_namespace(ns)
         .iter()
         .filter(|cr| owned(cr, &sr_uid) && cr.name_any() != name)
     {
@@ -569,18 +598,21 @@ async fn backup_template(
 /// operator wrote the template the DaemonSet already had, a write that
 /// changes nothing and so wakes nothing, and the rollout stood at
 /// "writing spec.template" for good (tests/faults.rs, one injected 500).
-pub async fn template_in_place(
+/// `template` as the API server would store it in DaemonSet `ds` (a
+/// server-side dry run: defaults filled in); `None` when it would refuse it
+/// (reported when it is really written).
+pub async fn stored_template(
     ctx: &Context,
     ds: &DaemonSet,
     template: &serde_json::Value,
-) -> Result<bool> {
+) -> Result<Option<k8s_openapi::api::core::v1::PodTemplateSpec>> {
     let api: Api<DaemonSet> =
         Api::namespaced(ctx.client.clone(), &ds.namespace().unwrap_or_default());
     let patch: Patch<serde_json::Value> = match serde_json::from_value(
         json!([{"op": "replace", "path": "/spec/template", "value": template}]),
     ) {
         Ok(p) => Patch::Json(p),
-        Err(_) => return Ok(false),
+        Err(_) => return Ok(None),
     };
     let params = PatchParams {
         dry_run: true,
@@ -588,17 +620,25 @@ pub async fn template_in_place(
         ..Default::default()
     };
     match api.patch(&ds.name_any(), &params, &patch).await {
-        Ok(would_be) => Ok(saferollout_core::revision::same_template(
-            &would_be.spec.template,
-            &ds.spec.template,
-        )),
+        Ok(would_be) => Ok(Some(would_be.spec.template)),
         Err(kube::Error::Api(s)) if s.code == 429 || s.code >= 500 => {
             Err(kube::Error::Api(s).into())
         }
-        // An invalid template is reported when it is really written.
-        Err(kube::Error::Api(_)) => Ok(false),
+        Err(kube::Error::Api(_)) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether DaemonSet `ds` already carries `template` as the API server
+/// would store it (`false` when it would refuse it).
+pub async fn template_in_place(
+    ctx: &Context,
+    ds: &DaemonSet,
+    template: &serde_json::Value,
+) -> Result<bool> {
+    Ok(stored_template(ctx, ds, template)
+        .await?
+        .is_some_and(|t| saferollout_core::revision::same_template(&t, &ds.spec.template)))
 }
 
 /// Restores the DaemonSet's original update strategy (the SafeRollout is

@@ -49,7 +49,7 @@ impl Router {
     ) {
         let Some(ns) = namespace else { return };
         for sr in self.caches.rollouts_in(ns) {
-            if sr.spec.target_ref.name == name && pick(&sr) {
+            if targets(&sr, name) && pick(&sr) {
                 self.triggers.send(ObjectRef::from_obj(&*sr), cause);
             }
         }
@@ -321,6 +321,14 @@ impl Router {
 /// of its DaemonSet's template or of the template the rollout brings
 /// (`spec.template`, GitOps) matches them. A DaemonSet not in the cache, or a
 /// template without nodeSelector, may run anywhere.
+/// `sr` targets DaemonSet `name`, or has it as its canary (`strategy:
+/// Selector`: its pods and status are the rollout's too).
+fn targets(sr: &SafeRollout, name: &str) -> bool {
+    sr.spec.target_ref.name == name
+        || (sr.spec.strategy == saferollout_api::Strategy::Selector
+            && saferollout_core::selector::canary_name(&sr.spec.target_ref.name) == name)
+}
+
 fn may_run_on(
     sr: &SafeRollout,
     ds: Option<&DaemonSet>,
