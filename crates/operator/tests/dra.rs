@@ -9,6 +9,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -435,5 +436,342 @@ async fn new_taints_fail_and_cleared_health_taints_are_reported_or_fail() -> any
             .any(|m| m.contains("cleared the health taints")),
         "{warned:?}"
     );
+    Ok(())
+}
+
+/// What the make-before-break test records, in etcd order (resource
+/// versions are comparable across kinds: one etcd).
+#[derive(Debug, Clone)]
+enum Seen {
+    Pod {
+        rv: u64,
+        uid: String,
+        node: String,
+        ready: bool,
+        deleting: bool,
+    },
+    Slice {
+        rv: u64,
+        node: String,
+        publisher: Option<String>,
+        deleted: bool,
+    },
+}
+
+/// The object of an applied or deleted watch event, and whether it was deleted.
+fn applied_or_deleted<K>(e: watcher::Event<K>) -> Option<(K, bool)> {
+    match e {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some((o, false)),
+        watcher::Event::Delete(o) => Some((o, true)),
+        _ => None,
+    }
+}
+
+fn rv_of(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `strategy: Selector` with `agent: {kind: DRADriver, handover:
+/// MakeBeforeBreak}` on a driver that supports the kubelet's rolling
+/// update (two instances a node): on each node the new instance is Ready
+/// and publishes the pool before the old pod's deletion begins, the pool's
+/// slices are never deleted, a claim allocated before the upgrade stays
+/// allocated and its pod runs on (same UID); then the same driver with a
+/// `-broken` release is reverted with the old pod never deleted.
+#[tokio::test]
+async fn a_selector_rollout_hands_each_node_over_make_before_break_and_claims_survive()
+-> anyhow::Result<()> {
+    use futures::StreamExt;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use kube::ResourceExt;
+    let mut env = setup("mbb").await?;
+    let log = format!("{}-selector", env.ns.name);
+    drop(std::mem::replace(
+        &mut env.op,
+        start_selector_operator(&env.ns.name, &log)?,
+    ));
+    let template = |image: &str| {
+        let mut t = driver_template(&env.driver, image);
+        t["metadata"]["annotations"]["sim.saferollout.dev/rolling-update"] = json!("true");
+        t
+    };
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "driver"},
+        "spec": {"selector": {"matchLabels": {"app": "driver"}}, "template": template(V1)}
+    }))?;
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    wait_pools(&env, |_, devices| devices == GPUS as usize).await?;
+    let trainer = claim_workload(&env, "trainer", CANARY).await?;
+    let mut spec = rollout_spec(
+        &env,
+        V1,
+        json!({"resourceSlices": {"driver": env.driver, "soak": "3s"}}),
+    );
+    spec["template"] = template(V1);
+    spec["strategy"] = json!("Selector");
+    spec["agent"] = json!({"kind": "DRADriver", "handover": "MakeBeforeBreak"});
+    create_rollout(&env, spec).await?;
+    let stable = wait_status(&env, TIMEOUT, |st| {
+        st.stable_revision.is_some() && st.last_good_template.is_some()
+    })
+    .await?
+    .stable_revision
+    .unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let old: std::collections::BTreeMap<String, String> = pods
+        .list(&Default::default())
+        .await?
+        .into_iter()
+        .filter(|p| p.labels().get("app").map(String::as_str) == Some("driver"))
+        .map(|p| {
+            let node = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            (node, p.uid().unwrap_or_default())
+        })
+        .collect();
+    assert_eq!(old.len(), NODES.len(), "{old:?}");
+
+    // Record every driver pod and slice change from here.
+    let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
+    let rec = seen.clone();
+    let driver = env.driver.clone();
+    let (pod_api, slice_api) = (pods.clone(), Api::<ResourceSlice>::all(env.client.clone()));
+    let task = tokio::spawn(async move {
+        enum Ev {
+            Pod(Box<watcher::Event<Pod>>),
+            Slice(Box<watcher::Event<ResourceSlice>>),
+        }
+        let mut all = futures::stream::select(
+            watcher(pod_api, watcher::Config::default().labels("app=driver"))
+                .map(|e| e.map(|e| Ev::Pod(Box::new(e))))
+                .boxed(),
+            watcher(slice_api, watcher::Config::default())
+                .map(|e| e.map(|e| Ev::Slice(Box::new(e))))
+                .boxed(),
+        );
+        while let Some(ev) = all.next().await {
+            let Ok(ev) = ev else { continue };
+            let mut r = rec.lock().unwrap();
+            match ev {
+                Ev::Pod(e) => {
+                    let Some((p, gone)) = applied_or_deleted(*e) else {
+                        continue;
+                    };
+                    r.push(Seen::Pod {
+                        rv: rv_of(&p.metadata),
+                        uid: p.uid().unwrap_or_default(),
+                        node: p
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.clone())
+                            .unwrap_or_default(),
+                        ready: support::pod_ready(&p),
+                        deleting: gone || p.metadata.deletion_timestamp.is_some(),
+                    })
+                }
+                Ev::Slice(e) => {
+                    let Some((s, deleted)) = applied_or_deleted(*e) else {
+                        continue;
+                    };
+                    if s.spec.driver != driver {
+                        continue;
+                    }
+                    r.push(Seen::Slice {
+                        rv: rv_of(&s.metadata),
+                        node: s.spec.node_name.clone().unwrap_or_default(),
+                        publisher: s
+                            .annotations()
+                            .get("sim.saferollout.dev/publisher-pod-uid")
+                            .cloned(),
+                        deleted,
+                    })
+                }
+            }
+        }
+    });
+    let write = |image: &str| {
+        let patch = json!({"spec": {"template": template(image)}});
+        let srs = srs(&env);
+        async move {
+            srs.patch("driver", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+        }
+    };
+    write("registry.example/sim-dra-driver:v1.1.0").await?;
+    let st = wait_succeeded(&env, &stable).await?;
+    // Promoted: one Ready v1.1.0 driver pod a node, all the target's, the
+    // canary gone.
+    let dss =
+        Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(env.client.clone(), &env.ns.name);
+    let target_uid = dss.get("driver").await?.uid().unwrap_or_default();
+    saferollout_testkit::wait_for_object(
+        &dss,
+        &saferollout_core::selector::canary_name("driver"),
+        TIMEOUT,
+        |d| d.is_none(),
+    )
+    .await?;
+    wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=driver"),
+        TIMEOUT,
+        |ps| {
+            let live: Vec<&Arc<Pod>> = ps
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            live.len() == NODES.len()
+                && live.iter().all(|p| {
+                    support::pod_ready(p)
+                        && support::image_of(p) == "registry.example/sim-dra-driver:v1.1.0"
+                        && p.owner_references().iter().any(|o| o.uid == target_uid)
+                })
+        },
+    )
+    .await?;
+    // The recorder's own watch shows every old pod's deletion too.
+    support::poll("the recorder seeing every old pod go", TIMEOUT, || {
+        let seen = seen.lock().unwrap();
+        let gone = old.values().all(|u| {
+            seen.iter()
+                .any(|s| matches!(s, Seen::Pod { uid, deleting: true, .. } if uid == u))
+        });
+        Ok(gone.then_some(()))
+    })
+    .await?;
+    task.abort();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        !seen
+            .iter()
+            .any(|s| matches!(s, Seen::Slice { deleted: true, .. })),
+        "a slice of the driver was deleted during the handover"
+    );
+    for (node, old_uid) in &old {
+        // The old pod's deletion began at this resource version.
+        let deleted_at = seen
+            .iter()
+            .find_map(|s| match s {
+                Seen::Pod {
+                    rv,
+                    uid,
+                    deleting: true,
+                    ..
+                } if uid == old_uid => Some(*rv),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{node}: the old pod was never deleted"));
+        let new_uid = seen
+            .iter()
+            .find_map(|s| match s {
+                Seen::Pod { uid, node: n, .. } if n == node && uid != old_uid => Some(uid.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{node}: no new pod"));
+        let new_ready = seen.iter().find_map(|s| match s {
+            Seen::Pod {
+                rv,
+                uid,
+                ready: true,
+                ..
+            } if *uid == new_uid => Some(*rv),
+            _ => None,
+        });
+        let published = seen.iter().find_map(|s| match s {
+            Seen::Slice {
+                rv,
+                node: n,
+                publisher: Some(p),
+                ..
+            } if n == node && *p == new_uid => Some(*rv),
+            _ => None,
+        });
+        assert!(
+            new_ready.is_some_and(|r| r < deleted_at),
+            "{node}: the new pod was not Ready before the old one's deletion ({new_ready:?} vs {deleted_at})"
+        );
+        assert!(
+            published.is_some_and(|r| r < deleted_at),
+            "{node}: the new pod had not published the pool before the old one's deletion ({published:?} vs {deleted_at})"
+        );
+    }
+    // The workload with its claim ran throughout.
+    let now = wait_pod(&env, "trainer", |p| phase(p) == "Running").await?;
+    assert_eq!(now.metadata.uid.as_deref(), Some(trainer.as_str()));
+    let claim = Api::<ResourceClaim>::namespaced(env.client.clone(), &env.ns.name)
+        .get("trainer")
+        .await?;
+    assert!(
+        claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_some(),
+        "the claim stays allocated"
+    );
+    assert!(
+        st.stages
+            .iter()
+            .all(|s| s.gates.iter().any(|g| g.gate == "resourceSlices"))
+    );
+
+    // A -broken release under make-before-break: reverted at the canary
+    // with the old pod never deleted.
+    let before: std::collections::BTreeMap<String, String> = pods
+        .list(&Default::default())
+        .await?
+        .into_iter()
+        .filter(|p| p.labels().get("app").map(String::as_str) == Some("driver"))
+        .map(|p| {
+            let node = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            (node, p.uid().unwrap_or_default())
+        })
+        .collect();
+    let stable = st.stable_revision.clone().unwrap_or_default();
+    write("registry.example/sim-dra-driver:v1.2.0-broken").await?;
+    let (blocked, _) = wait_blocked(&env).await?;
+    assert_ne!(blocked.blocked_revisions[0].revision, stable);
+    wait_status(&env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
+    // Back to one driver a node, each the very pod it had before.
+    let after = wait_for_all(
+        &pods,
+        watcher::Config::default().labels("app=driver"),
+        TIMEOUT,
+        |ps| {
+            let live: Vec<&Arc<Pod>> = ps
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            live.len() == NODES.len()
+        },
+    )
+    .await?;
+    for p in after
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            before.get(&node),
+            p.uid().as_ref(),
+            "{node}: the old driver pod was kept through the failed handover"
+        );
+    }
     Ok(())
 }

@@ -31,7 +31,7 @@ struct Env {
     _serial: tokio::sync::MutexGuard<'static, ()>,
     ns: TestNamespace,
     client: Client,
-    _op: support::Operator,
+    op: support::Operator,
     resource: String,
 }
 
@@ -41,10 +41,7 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();
     support::install(c)?;
-    let rbac = support::render_chart("rbac.yaml", &["selector.enabled=true".into()])?;
-    let file = std::env::temp_dir().join(format!("saferollout-selector-rbac-{name}.yaml"));
-    std::fs::write(&file, rbac)?;
-    c.kubectl(&["apply", "--server-side", "-f", &file.to_string_lossy()])?;
+    support::grant_selector_rbac(c)?;
     let ns = c.namespace(name).await?;
     let client = c.client().await?;
     let mut args = support::operator_args(&ns.name, "127.0.0.1:0", 3);
@@ -59,7 +56,7 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
         resource: format!("example.com/gpu-{name}"),
         ns,
         client,
-        _op: op,
+        op,
     })
 }
 
@@ -200,6 +197,46 @@ async fn wait_every_node_on(env: &Env, image: &str) -> anyhow::Result<Vec<Arc<Po
     .await
 }
 
+/// Waits until the promotion is over: the canary gone, every node on
+/// `image`, no handover label or promotion taint left; the pods.
+async fn wait_promoted(env: &Env, image: &str) -> anyhow::Result<Vec<Arc<Pod>>> {
+    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
+    saferollout_testkit::wait_for_object(&dss, &canary_name("plugin"), TIMEOUT, |d| d.is_none())
+        .await?;
+    let pods = wait_every_node_on(env, image).await?;
+    saferollout_testkit::wait_for_all(
+        &Api::<Node>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        |ns| {
+            ns.iter().all(|n| {
+                let promoting = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|ts| ts.iter().any(|t| t.key == saferollout_api::PROMOTING_TAINT));
+                !promoting
+                    && !n
+                        .labels()
+                        .keys()
+                        .any(|k| k.starts_with(HANDOVER_LABEL_PREFIX))
+            })
+        },
+    )
+    .await?;
+    Ok(pods)
+}
+
+/// Every node's agent was created exactly once in `created`.
+fn assert_each_node_created_once(created: &[(String, String, Option<String>, String)]) {
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, node, _, _) in created {
+        *per_node.entry(node.as_str()).or_default() += 1;
+    }
+    assert_eq!(created.len(), NODES, "{created:?}");
+    assert!(per_node.values().all(|n| *n == 1), "{per_node:?}");
+}
+
 /// Creates the plugin DaemonSet on v1 and the `Selector` SafeRollout, and
 /// waits until it settles (adopting v1 replaces nothing).
 async fn start(env: &Env, v1: &str) -> anyhow::Result<(DaemonSet, SafeRolloutStatus)> {
@@ -274,29 +311,7 @@ async fn a_healthy_release_moves_stage_by_stage_to_the_canary_and_is_promoted_wi
     assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
     // The promotion: the canary gone, the target holding every pod with the
     // new template and its own current hash, nothing of the strategy left.
-    saferollout_testkit::wait_for_object(&dss, &canary_name("plugin"), TIMEOUT, |d| d.is_none())
-        .await?;
-    let pods = wait_every_node_on(&env, v2).await?;
-    saferollout_testkit::wait_for_all(
-        &Api::<Node>::all(env.client.clone()),
-        watcher::Config::default(),
-        TIMEOUT,
-        |ns| {
-            ns.iter().all(|n| {
-                !n.labels()
-                    .keys()
-                    .any(|k| k.starts_with(HANDOVER_LABEL_PREFIX))
-                    && !n
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.taints.as_ref())
-                        .is_some_and(|ts| {
-                            ts.iter().any(|t| t.key == saferollout_api::PROMOTING_TAINT)
-                        })
-            })
-        },
-    )
-    .await?;
+    let pods = wait_promoted(&env, v2).await?;
     let t = dss.get("plugin").await?;
     assert_eq!(
         t.spec
@@ -334,13 +349,7 @@ async fn a_healthy_release_moves_stage_by_stage_to_the_canary_and_is_promoted_wi
     // promotion created none.
     task.abort();
     let created = std::mem::take(&mut rec.lock().unwrap().0);
-    let per_node: BTreeMap<&str, usize> =
-        created.iter().fold(BTreeMap::new(), |mut m, (_, n, _, _)| {
-            *m.entry(n.as_str()).or_default() += 1;
-            m
-        });
-    assert_eq!(created.len(), NODES, "{created:?}");
-    assert!(per_node.values().all(|n| *n == 1), "{per_node:?}");
+    assert_each_node_created_once(&created);
     assert!(
         created.iter().all(|(_, _, owner, image)| {
             image == v2 && owner.as_deref() != Some(target_uid.as_str())
@@ -418,5 +427,185 @@ async fn a_broken_release_is_reverted_by_the_labels_and_only_the_canary_node_cha
             .and_then(|s| s.affinity.as_ref())
             .is_none()
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleting_a_rollout_mid_way_hands_the_canarys_pods_to_the_target_and_leaves_nothing()
+-> anyhow::Result<()> {
+    let env = setup("selector-delete").await?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    let (target, settled) = start(&env, v1).await?;
+    let target_uid = target.uid().unwrap_or_default();
+    // The strategy the DaemonSet had before the SafeRollout took it over.
+    let original = settled.original_update_strategy.clone();
+    assert!(original.is_some(), "{settled:#?}");
+    set_image(&env, v2).await?;
+    let st = wait_status(&env, |st| {
+        st.phase == Some(Phase::Paused) && st.target_revision != settled.stable_revision
+    })
+    .await?;
+    let canary_node = st.stages[0].nodes[0].clone();
+    let pods_api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let canary_pod = pods_api
+        .list(&ListParams::default().labels("app=plugin"))
+        .await?
+        .into_iter()
+        .find(|p| node_of(p) == canary_node && image_of(p) == v2)
+        .expect("the canary's pod on the stage node");
+    let canary_pod_uid = canary_pod.uid().unwrap_or_default();
+    // Watch that pod: the target adopts it (its controller becomes the target).
+    let adopted = Arc::new(Mutex::new(false));
+    let seen = adopted.clone();
+    let (uid, t_uid) = (canary_pod_uid.clone(), target_uid.clone());
+    let watch_api = pods_api.clone();
+    let task = tokio::spawn(async move {
+        let mut stream =
+            watcher(watch_api, watcher::Config::default().labels("app=plugin")).boxed();
+        while let Some(Ok(ev)) = stream.next().await {
+            if let watcher::Event::Apply(p) | watcher::Event::InitApply(p) = ev
+                && p.uid().as_deref() == Some(uid.as_str())
+                && controller_uid(&p).as_deref() == Some(t_uid.as_str())
+            {
+                *seen.lock().unwrap() = true;
+            }
+        }
+    });
+
+    let srs: Api<SafeRollout> = Api::namespaced(env.client.clone(), &env.ns.name);
+    srs.delete("plugin", &Default::default()).await?;
+    saferollout_testkit::wait_for_object(&srs, "plugin", TIMEOUT, |s| s.is_none()).await?;
+    let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
+    assert!(dss.get_opt(&canary_name("plugin")).await?.is_none());
+    assert!(handover_labels(&env).await?.is_empty());
+    let t = dss.get("plugin").await?;
+    assert_eq!(
+        t.spec.update_strategy, original,
+        "the original strategy is back"
+    );
+    assert!(
+        t.spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
+            .is_none(),
+        "no handover expression left"
+    );
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    for n in nodes.list(&ListParams::default()).await? {
+        let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+        assert!(
+            !taints
+                .iter()
+                .any(|t| t.key == saferollout_api::PROMOTING_TAINT),
+            "{taints:?}"
+        );
+    }
+    // The target, given back its own strategy, runs its own template on
+    // every node (it replaced the adopted pod by its own rules).
+    let pods = wait_every_node_on(&env, v1).await?;
+    task.abort();
+    assert!(
+        *adopted.lock().unwrap(),
+        "the canary's pod was adopted by the target, not deleted with the canary"
+    );
+    for p in &pods {
+        assert_eq!(controller_uid(p).as_deref(), Some(target_uid.as_str()));
+    }
+    Ok(())
+}
+
+/// The operator ended (SIGABRT right after a write, no clean-up, the lease
+/// kept: as a SIGKILL) at ten points of one `Selector` rollout, each
+/// process started again with the next point: the target's expression, the
+/// canary's creation, handover and stage labels, a status write, the
+/// promotion's steps. The rollout converges with every node's agent created
+/// exactly once (by the canary), the promotion creating none, and nothing
+/// of the strategy left. The crash comes from the operator's debug-build
+/// hook `SAFEROLLOUT_DEBUG_CRASH_AFTER` (`<kind>:<n>`: after its n-th write
+/// of that kind).
+#[tokio::test]
+async fn killed_at_ten_points_of_a_rollout_it_converges_with_no_agent_restarted_twice()
+-> anyhow::Result<()> {
+    let mut env = setup("selector-crash").await?;
+    let c = cluster();
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    let mut spec = spec(&env, v1);
+    spec["stages"] =
+        json!([{"nodes": 1, "soak": "1s"}, {"nodes": "50%", "soak": "1s"}, {"nodes": "100%"}]);
+    support::create_plugin_daemonset(&env.client, &env.ns.name, &env.resource, v1).await?;
+    support::create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let settled = wait_status(&env, |st| {
+        st.phase == Some(Phase::Succeeded) && st.last_good_template.is_some()
+    })
+    .await?;
+    let target_uid = Api::<DaemonSet>::namespaced(env.client.clone(), &env.ns.name)
+        .get("plugin")
+        .await?
+        .uid()
+        .unwrap_or_default();
+    // The operator of `setup` goes: each process below has its crash point.
+    env.op.kill();
+    let start = |log: &str, hook: Option<&str>| {
+        let mut args = support::operator_args(&env.ns.name, "127.0.0.1:0", 3);
+        args.push("--selector-strategy=true".into());
+        let vars: Vec<(&str, &str)> = hook
+            .map(|h| ("SAFEROLLOUT_DEBUG_CRASH_AFTER", h))
+            .into_iter()
+            .collect();
+        support::Operator::start_with_env(
+            Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
+            &args,
+            &vars,
+            &format!("{log}-{}", env.ns.name),
+        )
+    };
+    let (rec, task) = record_creations(&env);
+    set_image(&env, v2).await?;
+    let points = [
+        "template:1",
+        "template:1",
+        "label:1",
+        "label:1",
+        "status:2",
+        "label:1",
+        "label:1",
+        "promotion:1",
+        "promotion:1",
+        "promotion:2",
+    ];
+    for (i, hook) in points.iter().enumerate() {
+        let mut crashing = start(&format!("crash-{i}"), Some(hook))?;
+        support::poll(
+            &format!("the operator ending after write {hook} (point {})", i + 1),
+            TIMEOUT,
+            || Ok((!crashing.is_running()).then_some(())),
+        )
+        .await?;
+        assert!(
+            crashing
+                .log_text()
+                .contains("SAFEROLLOUT_DEBUG_CRASH_AFTER: ending the process"),
+            "point {}: the operator ended for another reason than the hook: {}",
+            i + 1,
+            crashing.log.display()
+        );
+    }
+    let _after = start("after", None)?;
+    let st = wait_status(&env, |st| {
+        st.phase == Some(Phase::Succeeded)
+            && st.stable_revision.is_some()
+            && st.stable_revision != settled.stable_revision
+    })
+    .await?;
+    assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
+    let pods = wait_promoted(&env, v2).await?;
+    task.abort();
+    let created = std::mem::take(&mut rec.lock().unwrap().0);
+    assert_each_node_created_once(&created);
+    for p in &pods {
+        assert_eq!(controller_uid(p).as_deref(), Some(target_uid.as_str()));
+    }
     Ok(())
 }

@@ -25,6 +25,7 @@
 //! Pure: the operator and the model build a [`Context`] from what they
 //! observe and execute the [`Step`]s.
 
+pub mod deletion;
 pub mod objects;
 pub mod observe;
 pub mod promotion;

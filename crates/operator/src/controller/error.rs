@@ -28,6 +28,11 @@ pub enum Error {
     StaleDaemonSet,
     #[error("this replica does not hold the leader lease; not writing")]
     NotLeader,
+    /// A deletion's clean-up is not finished (it goes on in a later pass):
+    /// an error, so kube's finalizer helper keeps the finalizer (it removes
+    /// it once the clean-up returns `Ok`).
+    #[error("the clean-up goes on in {0:?}: {1}")]
+    CleanupPending(Duration, &'static str),
     /// The pass panicked (a bug): abandoned, reported on the SafeRollout.
     #[error("the pass panicked: {0}")]
     Panicked(String),
@@ -74,6 +79,7 @@ impl Error {
             Error::BackupMismatch(_) => "backup_mismatch".into(),
             Error::MissingField(_) => "missing_field".into(),
             Error::Selector(_) => "selector".into(),
+            Error::CleanupPending(..) => "cleanup_pending".into(),
             Error::StaleDaemonSet => "stale_daemonset".into(),
             Error::NotLeader => "not_leader".into(),
             Error::Panicked(_) => "panic".into(),
@@ -117,6 +123,7 @@ impl Error {
             // A bug that will likely recur: try again now and then (a
             // transient one clears), without spinning.
             Error::Panicked(_) => PANICKED_RETRY,
+            Error::CleanupPending(after, _) => *after,
             _ => Duration::from_secs(5),
         }
     }

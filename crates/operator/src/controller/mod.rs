@@ -336,6 +336,9 @@ async fn pass(sr: Arc<SafeRollout>, ctx: &Arc<Context>, key: &RolloutKey) -> Res
 }
 
 pub fn error_policy(sr: Arc<SafeRollout>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    if matches!(error.root(), Error::CleanupPending(..)) {
+        return error.requeue();
+    }
     if !matches!(error.root(), Error::NotLeader) {
         warn!(namespace = ?sr.namespace(), name = %sr.name_any(), %error, "reconcile failed");
     }
@@ -925,11 +928,31 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
     let stale = ctx.caches.stale_for(sr);
     if !stale.is_empty() {
         warn!(namespace = %key.0, name = %key.1, stale = ?stale, "the SafeRollout is being deleted; its cleanup waits for stale caches");
-        return Ok(Requeue::requeue(STALE_RECHECK));
+        // An error keeps the finalizer (an `Ok` would remove it).
+        return Err(Error::CleanupPending(
+            STALE_RECHECK,
+            "waiting for stale caches",
+        ));
     }
     let world = snapshot::dereference(sr, &ctx.caches);
     let no_status = SafeRolloutStatus::default();
     let status = sr.status.as_ref().unwrap_or(&no_status);
+    // Under Selector the canary's pods go to the target first, one step a
+    // pass (the finalizer holds the SafeRollout meanwhile).
+    if let Some(found) = &world.selector {
+        let pass = selector::steps::Pass {
+            sr,
+            key,
+            world: &world,
+            found,
+            template_value: None,
+            spec_revision: None,
+            status,
+        };
+        if let Some(after) = selector::steps::undo(&pass, ctx).await? {
+            return Err(Error::CleanupPending(after, "undoing the canary"));
+        }
+    }
     if let (Some(_), Some(original), None) = (
         &world.ds,
         status.original_update_strategy.as_ref(),

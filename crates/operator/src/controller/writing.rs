@@ -48,7 +48,8 @@ pub(super) fn patch_params() -> PatchParams {
 
 /// Test hook, in debug builds only: `SAFEROLLOUT_DEBUG_CRASH_AFTER=<kind>:<n>`
 /// ends the process right after its `n`th successful write of `kind`
-/// (`template`, `backup`, `label`, `deletion`, `status`; `devicetaintrule`,
+/// (`template`, `backup`, `label`, `deletion`, `status`; `promotion`, each
+/// step of a `Selector` promotion or deletion but the nudge; `devicetaintrule`,
 /// each quarantine rule created; `quarantine`, a quarantine's rules and
 /// node taints all written) with
 /// SIGABRT: no clean-up and the lease kept, as a SIGKILL would. The

@@ -113,6 +113,20 @@ pub fn start_operator_with(ns: &str, env: &[(&str, &str)], log: &str) -> anyhow:
     )
 }
 
+/// [`start_operator`] running `strategy: Selector` (`--selector-strategy`,
+/// with the chart's `selector.enabled` RBAC granted).
+pub fn start_selector_operator(ns: &str, log: &str) -> anyhow::Result<Operator> {
+    super::grant_selector_rbac(cluster())?;
+    let mut args = super::operator_args(ns, "127.0.0.1:0", 3);
+    args.push("--selector-strategy=true".into());
+    Operator::start_with_env(
+        Identity::Impersonate(cluster().kubeconfig(), OPERATOR_SA),
+        &args,
+        &[],
+        log,
+    )
+}
+
 pub async fn setup(name: &str) -> anyhow::Result<Env> {
     let serial = SERIAL.lock().await;
     let c = cluster();

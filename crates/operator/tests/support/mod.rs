@@ -130,6 +130,20 @@ pub fn install(c: &TestCluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Grants the operator's ServiceAccount the rules of the chart's
+/// `selector.enabled` (create and delete DaemonSets, patch pods): the
+/// chart's RBAC rendered with it and applied over deploy/rbac.yaml's.
+pub fn grant_selector_rbac(c: &TestCluster) -> anyhow::Result<()> {
+    let rbac = render_chart("rbac.yaml", &["selector.enabled=true".into()])?;
+    let file = std::env::temp_dir().join(format!(
+        "saferollout-selector-rbac-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&file, rbac)?;
+    c.kubectl(&["apply", "--server-side", "-f", &file.to_string_lossy()])?;
+    Ok(())
+}
+
 /// A free TCP port on 127.0.0.1 (the listener is closed before it is used:
 /// another process could take it in between, which a test then reports).
 pub fn free_loopback_port() -> anyhow::Result<u16> {

@@ -104,10 +104,17 @@ impl Found {
                 })
             })
             .collect();
+        // A canary being deleted is gone for the decisions (the model
+        // deletes it at once): its generation moved with the deletion, so
+        // it would read as unobserved and never held, and a step written
+        // to it now is lost. Its pods stay its own (`owner_of`) until the
+        // garbage collector hands them over or deletes them.
         let view = PairView::of(&PairFound {
             key: &key,
             target: &target,
-            canary: canary.as_deref(),
+            canary: canary
+                .as_deref()
+                .filter(|c| c.metadata.deletion_timestamp.is_none()),
             revisions: &owned,
         });
         drop(owned);
@@ -119,6 +126,13 @@ impl Found {
             revisions,
             view,
         }
+    }
+
+    /// The canary, unless it is being deleted.
+    pub fn live_canary(&self) -> Option<&Arc<DaemonSet>> {
+        self.canary
+            .as_ref()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
     }
 
     /// Which of the two DaemonSets controls a pod (`None`: neither).

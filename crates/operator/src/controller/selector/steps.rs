@@ -8,7 +8,9 @@
 //! cache of it), the agents a handover label write takes away (the budget
 //! paid for them), and the promotion taints it wrote.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -17,10 +19,12 @@ use kube::api::{Api, DeleteParams, Patch, PostParams, Preconditions, Propagation
 use kube::{Resource, ResourceExt};
 use saferollout_api::{FIELD_MANAGER, PROMOTING_TAINT, SafeRollout};
 use saferollout_core::handover::HandoverState;
+use saferollout_core::objects::SlimNode;
 use saferollout_core::revision::content_hash;
 use saferollout_core::rollout::{Action, NodeTaint, PodRef};
 use saferollout_core::selector::{
-    OwnedPod, Owner, PromotionStep, Step, follow_ups, objects, translate,
+    Context as TranslationContext, OwnedPod, Owner, PromotionStep, Step, follow_ups, objects,
+    translate,
 };
 use serde_json::json;
 use tracing::info;
@@ -44,40 +48,81 @@ pub struct Pass<'a> {
     pub status: &'a saferollout_api::SafeRolloutStatus,
 }
 
+/// What a pass's translation reads beyond the pass: the pods with the
+/// operator's memory of its deletions laid over them (once), the nodes,
+/// and the promotion taints this replica wrote.
+struct Read<'a> {
+    owned: Vec<OwnedPod<'a>>,
+    nodes: Arc<Vec<Arc<SlimNode>>>,
+    taints_written: BTreeSet<String>,
+}
+
+impl<'a> Read<'a> {
+    fn of(pass: &Pass<'a>, ctx: &Context) -> Self {
+        let now = Timestamp::now();
+        let (key, world, found) = (pass.key, pass.world, pass.found);
+        Read {
+            owned: ctx.memory(key, |m| {
+                found.owned_pods(world.pods(), &mut m.expectations, now)
+            }),
+            nodes: ctx.caches.nodes_by_name(),
+            taints_written: ctx.memory(key, |m| m.selector_taints.clone()),
+        }
+    }
+
+    fn context<'b>(&'b self, pass: &'b Pass<'a>, spec_is_target: bool) -> TranslationContext<'b> {
+        pass.found.context(
+            &self.owned,
+            &self.nodes,
+            pass.status,
+            spec_is_target,
+            &self.taints_written,
+            pass.sr.spec.handover_order().into(),
+        )
+    }
+}
+
 /// Translates the plan's actions into steps, adds what goes on by itself,
 /// and performs them; `Ok(Some(g))`: the canary's generation after this
 /// pass wrote its template (status records it as the applied template's).
-pub async fn run(pass: &Pass<'_>, ctx: &Arc<Context>, actions: &[Action]) -> Result<Option<i64>> {
-    let now = Timestamp::now();
-    let Pass {
-        key, world, found, ..
-    } = *pass;
-    let taints_written = ctx.memory(key, |m| m.selector_taints.clone());
-    let owned = ctx.memory(key, |m| {
-        found.owned_pods(world.pods(), &mut m.expectations, now)
-    });
-    let nodes = ctx.caches.nodes_by_name();
-    let tctx = found.context(
-        &owned,
-        &nodes,
-        pass.status,
-        pass.spec_revision == Some(found.view.target.revision.as_str()),
-        &taints_written,
-        pass.sr.spec.handover_order().into(),
-    );
+pub async fn run(pass: &Pass<'_>, ctx: &Context, actions: &[Action]) -> Result<Option<i64>> {
+    let read = Read::of(pass, ctx);
+    let spec_is_target = pass.spec_revision == Some(pass.found.view.target.revision.as_str());
+    let tctx = read.context(pass, spec_is_target);
     let mut steps: Vec<Step> = actions
         .iter()
         .flat_map(|a| translate(a.clone(), &tctx))
         .collect();
     let more = follow_ups(&tctx, &steps);
     steps.extend(more);
+    if !steps.is_empty() {
+        tracing::debug!(ns = %pass.key.0, name = %pass.key.1, ?steps, "Selector steps of the pass");
+    }
     let mut canary_generation = None;
     for step in &steps {
-        if let Some(g) = perform(pass, ctx, step, &owned).await? {
+        if let Some(g) = perform(pass, ctx, step, &read.owned).await? {
             canary_generation = Some(g);
         }
     }
     Ok(canary_generation)
+}
+
+/// One step of undoing the pair for the SafeRollout's deletion
+/// (`saferollout_core::selector::deletion`); `None` once nothing of the
+/// strategy is left, else how soon the next step is due.
+pub async fn undo(pass: &Pass<'_>, ctx: &Context) -> Result<Option<Duration>> {
+    use saferollout_core::selector::deletion::{DeletionStep, next};
+    let read = Read::of(pass, ctx);
+    let step = next(&read.context(pass, false));
+    match step {
+        DeletionStep::Done => Ok(None),
+        DeletionStep::Wait => Ok(Some(Duration::from_secs(1))),
+        DeletionStep::Step(step) => {
+            info!(ns = %pass.key.0, name = %pass.key.1, ?step, "SafeRollout deleted: undoing its canary");
+            perform(pass, ctx, &step, &read.owned).await?;
+            Ok(Some(Duration::from_millis(500)))
+        }
+    }
 }
 
 /// The target's current template as JSON.
@@ -87,7 +132,7 @@ fn target_template(found: &Found) -> serde_json::Value {
 
 async fn perform(
     pass: &Pass<'_>,
-    ctx: &Arc<Context>,
+    ctx: &Context,
     step: &Step,
     owned: &[OwnedPod<'_>],
 ) -> Result<Option<i64>> {
@@ -133,7 +178,12 @@ async fn perform(
                 info!(%ns, daemonset = %found.target.name_any(), "giving the target its handover expression");
                 write_target(ctx, key, found, t).await?;
             }
-            let g = match &found.canary {
+            if found.canary.is_some() && found.live_canary().is_none() {
+                // The last canary is still being deleted: created once it
+                // is gone (a later pass), never written while it goes.
+                return Ok(None);
+            }
+            let g = match found.live_canary() {
                 None => {
                     let owner = sr
                         .controller_owner_ref(&())
@@ -165,7 +215,7 @@ async fn perform(
             Ok(g.metadata.generation)
         }
         Step::RestoreCanary { content } => {
-            let (Some(c), Some(backup)) = (&found.canary, &world.backup) else {
+            let (Some(c), Some(backup)) = (found.live_canary(), &world.backup) else {
                 return Err(Error::MissingBackup(format!(
                     "the last good template ({content})"
                 )));
@@ -192,7 +242,7 @@ async fn perform(
             Ok(g.metadata.generation)
         }
         Step::RetireCanary => {
-            if let Some(c) = &found.canary {
+            if let Some(c) = found.live_canary() {
                 info!(%ns, canary = %c.name_any(), "retiring the canary DaemonSet: nodes go back to the target");
                 dss.patch(
                     &c.name_any(),
@@ -222,6 +272,9 @@ async fn perform(
         }
         Step::Promote(p) => {
             promote(ctx, key, found, p).await?;
+            if !matches!(p, PromotionStep::NudgeCanary) {
+                crash_point("promotion");
+            }
             Ok(None)
         }
     }
@@ -263,7 +316,7 @@ async fn clear_target(ctx: &Context, key: &RolloutKey, found: &Found) -> Result<
 
 /// Deletes the canary (the one this pass found, by UID).
 async fn delete_canary(ctx: &Context, found: &Found, policy: PropagationPolicy) -> Result<()> {
-    let Some(c) = &found.canary else {
+    let Some(c) = found.live_canary() else {
         return Ok(());
     };
     let dss: Api<DaemonSet> =
@@ -374,7 +427,7 @@ async fn promote(
             }
         }
         PromotionStep::NudgeCanary => {
-            if let Some(c) = &found.canary {
+            if let Some(c) = found.live_canary() {
                 let dss: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), ns);
                 let patch = objects::nudge_patch(&Timestamp::now().to_string());
                 dss.patch(&c.name_any(), &patch_params(), &Patch::Merge(&patch))
@@ -382,7 +435,7 @@ async fn promote(
             }
         }
         PromotionStep::WriteTarget => {
-            if let Some(c) = &found.canary {
+            if let Some(c) = found.live_canary() {
                 info!(%ns, daemonset = %found.target.name_any(), "promotion: writing the canary's template to the target");
                 let canary = serde_json::to_value(&c.spec.template).unwrap_or_default();
                 let t = objects::target_template(&canary, &found.key, false);
