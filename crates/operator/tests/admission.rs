@@ -189,7 +189,7 @@ fn manifests(ns: &str, resource: &str) -> Vec<(&'static str, Value, String)> {
             "selector-strategy",
             base(json!({"strategy": "Selector",
                 "template": agent_template(resource, "registry.example/plugin:v2")})),
-            format!("user alice may not create and delete daemonsets.apps and patch pods in namespace {ns}, and patch nodes"),
+            format!("user alice may not create daemonsets.apps in namespace {ns}: strategy: Selector"),
         ),
         (
             "unlisted-prometheus",

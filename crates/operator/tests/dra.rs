@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use saferollout_api::{GateStatus, Phase};
 use saferollout_testkit::wait_for_all;
@@ -523,20 +523,12 @@ async fn a_selector_rollout_hands_each_node_over_make_before_break_and_claims_su
     .stable_revision
     .unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
-    let old: std::collections::BTreeMap<String, String> = pods
-        .list(&Default::default())
-        .await?
-        .into_iter()
-        .filter(|p| p.labels().get("app").map(String::as_str) == Some("driver"))
-        .map(|p| {
-            let node = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default();
-            (node, p.uid().unwrap_or_default())
-        })
-        .collect();
+    let old = support::uids_by_node(
+        &pods
+            .list(&ListParams::default().labels("app=driver"))
+            .await?
+            .items,
+    );
     assert_eq!(old.len(), NODES.len(), "{old:?}");
 
     // Record every driver pod and slice change from here.
@@ -619,23 +611,14 @@ async fn a_selector_rollout_hands_each_node_over_make_before_break_and_claims_su
         |d| d.is_none(),
     )
     .await?;
-    wait_for_all(
-        &pods,
-        watcher::Config::default().labels("app=driver"),
-        TIMEOUT,
-        |ps| {
-            let live: Vec<&Arc<Pod>> = ps
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            live.len() == NODES.len()
-                && live.iter().all(|p| {
-                    support::pod_ready(p)
-                        && support::image_of(p) == "registry.example/sim-dra-driver:v1.1.0"
-                        && p.owner_references().iter().any(|o| o.uid == target_uid)
-                })
-        },
-    )
+    support::wait_live_pods(&env.client, &env.ns.name, "app=driver", |live| {
+        live.len() == NODES.len()
+            && live.iter().all(|p| {
+                support::pod_ready(p)
+                    && support::image_of(p) == "registry.example/sim-dra-driver:v1.1.0"
+                    && p.owner_references().iter().any(|o| o.uid == target_uid)
+            })
+    })
     .await?;
     // The recorder's own watch shows every old pod's deletion too.
     support::poll("the recorder seeing every old pod go", TIMEOUT, || {
@@ -725,53 +708,26 @@ async fn a_selector_rollout_hands_each_node_over_make_before_break_and_claims_su
 
     // A -broken release under make-before-break: reverted at the canary
     // with the old pod never deleted.
-    let before: std::collections::BTreeMap<String, String> = pods
-        .list(&Default::default())
-        .await?
-        .into_iter()
-        .filter(|p| p.labels().get("app").map(String::as_str) == Some("driver"))
-        .map(|p| {
-            let node = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default();
-            (node, p.uid().unwrap_or_default())
-        })
-        .collect();
+    let before = support::uids_by_node(
+        &pods
+            .list(&ListParams::default().labels("app=driver"))
+            .await?
+            .items,
+    );
     let stable = st.stable_revision.clone().unwrap_or_default();
     write("registry.example/sim-dra-driver:v1.2.0-broken").await?;
     let (blocked, _) = wait_blocked(&env).await?;
     assert_ne!(blocked.blocked_revisions[0].revision, stable);
     wait_status(&env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
     // Back to one driver a node, each the very pod it had before.
-    let after = wait_for_all(
-        &pods,
-        watcher::Config::default().labels("app=driver"),
-        TIMEOUT,
-        |ps| {
-            let live: Vec<&Arc<Pod>> = ps
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            live.len() == NODES.len()
-        },
-    )
+    let after = support::wait_live_pods(&env.client, &env.ns.name, "app=driver", |live| {
+        live.len() == NODES.len()
+    })
     .await?;
-    for p in after
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-    {
-        let node = p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
-        assert_eq!(
-            before.get(&node),
-            p.uid().as_ref(),
-            "{node}: the old driver pod was kept through the failed handover"
-        );
-    }
+    assert_eq!(
+        support::uids_by_node(after.iter().map(AsRef::as_ref)),
+        before,
+        "every node's old driver pod was kept through the failed handover"
+    );
     Ok(())
 }

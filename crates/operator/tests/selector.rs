@@ -181,25 +181,27 @@ async fn approve(env: &Env, value: &str) -> anyhow::Result<()> {
 
 /// Waits until every node runs exactly one Ready agent with `image`.
 async fn wait_every_node_on(env: &Env, image: &str) -> anyhow::Result<Vec<Arc<Pod>>> {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
-    saferollout_testkit::wait_for_all(
-        &pods,
-        watcher::Config::default().labels("app=plugin"),
-        TIMEOUT,
-        |ps| {
-            let live: Vec<&Arc<Pod>> = ps
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            live.len() == NODES && live.iter().all(|p| pod_ready(p) && image_of(p) == image)
-        },
-    )
+    support::wait_live_pods(&env.client, &env.ns.name, "app=plugin", |live| {
+        live.len() == NODES && live.iter().all(|p| pod_ready(p) && image_of(p) == image)
+    })
     .await
 }
 
-/// Waits until the promotion is over: the canary gone, every node on
-/// `image`, no handover label or promotion taint left; the pods.
-async fn wait_promoted(env: &Env, image: &str) -> anyhow::Result<Vec<Arc<Pod>>> {
+/// Waits until a new revision (not `settled`'s stable one) succeeded and its
+/// promotion is over: Ready, the canary gone, every node on `image`, no
+/// handover label or promotion taint left; the pods.
+async fn wait_promoted(
+    env: &Env,
+    image: &str,
+    settled: &SafeRolloutStatus,
+) -> anyhow::Result<Vec<Arc<Pod>>> {
+    let st = wait_status(env, |st| {
+        st.phase == Some(Phase::Succeeded)
+            && st.stable_revision.is_some()
+            && st.stable_revision != settled.stable_revision
+    })
+    .await?;
+    assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
     let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
     saferollout_testkit::wait_for_object(&dss, &canary_name("plugin"), TIMEOUT, |d| d.is_none())
         .await?;
@@ -302,16 +304,9 @@ async fn a_healthy_release_moves_stage_by_stage_to_the_canary_and_is_promoted_wi
         );
         approve(&env, &approval).await?;
     }
-    let st = wait_status(&env, |st| {
-        st.phase == Some(Phase::Succeeded)
-            && st.stable_revision.is_some()
-            && st.stable_revision != settled.stable_revision
-    })
-    .await?;
-    assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
     // The promotion: the canary gone, the target holding every pod with the
     // new template and its own current hash, nothing of the strategy left.
-    let pods = wait_promoted(&env, v2).await?;
+    let pods = wait_promoted(&env, v2, &settled).await?;
     let t = dss.get("plugin").await?;
     assert_eq!(
         t.spec
@@ -377,12 +372,12 @@ async fn a_broken_release_is_reverted_by_the_labels_and_only_the_canary_node_cha
     let target_uid = target.uid().unwrap_or_default();
     let before = owners_by_node(&env).await?;
     let pods_api: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
-    let uids_before: BTreeMap<String, String> = pods_api
-        .list(&ListParams::default().labels("app=plugin"))
-        .await?
-        .into_iter()
-        .map(|p| (node_of(&p), p.uid().unwrap_or_default()))
-        .collect();
+    let uids_before = support::uids_by_node(
+        &pods_api
+            .list(&ListParams::default().labels("app=plugin"))
+            .await?
+            .items,
+    );
     let (rec, task) = record_creations(&env);
     set_image(&env, broken).await?;
     let st = wait_status(&env, |st| st.phase == Some(Phase::Degraded)).await?;
@@ -593,14 +588,7 @@ async fn killed_at_ten_points_of_a_rollout_it_converges_with_no_agent_restarted_
         );
     }
     let _after = start("after", None)?;
-    let st = wait_status(&env, |st| {
-        st.phase == Some(Phase::Succeeded)
-            && st.stable_revision.is_some()
-            && st.stable_revision != settled.stable_revision
-    })
-    .await?;
-    assert!(condition(&st, "Ready").is_some_and(|c| c.status == "True"));
-    let pods = wait_promoted(&env, v2).await?;
+    let pods = wait_promoted(&env, v2, &settled).await?;
     task.abort();
     let created = std::mem::take(&mut rec.lock().unwrap().0);
     assert_each_node_created_once(&created);

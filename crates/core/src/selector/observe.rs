@@ -185,11 +185,15 @@ impl PairView {
     /// The target's template is the canary's (without what the strategy
     /// adds), without its expression, and its controller observed it.
     pub fn target_on_canary(&self) -> bool {
-        self.canary.as_ref().is_some_and(|c| {
-            c.current.revision == self.target.revision
-                && !self.target_expression
-                && self.target.observed
-        })
+        self.target_written() && self.target.observed
+    }
+
+    /// The target's template is the canary's, without its expression,
+    /// observed or not.
+    pub fn target_written(&self) -> bool {
+        self.canary
+            .as_ref()
+            .is_some_and(|c| c.current.revision == self.target.revision && !self.target_expression)
     }
 
     /// The one DaemonSet the engine sees: the carrier's generation and

@@ -36,6 +36,9 @@ pub struct PromotionFacts<'a> {
     /// The target's template is the canary's (without the handover
     /// expression and the canary label) and its controller observed it.
     pub target_on_canary: bool,
+    /// The target's template is the canary's, observed or not: written
+    /// already (its controller has not caught up yet).
+    pub target_written: bool,
     /// The target's template carries the handover expression.
     pub target_has_expression: bool,
 }
@@ -121,7 +124,9 @@ pub(super) fn next(ctx: &Context) -> Option<PromotionStep> {
         return Some(PromotionStep::NudgeCanary);
     }
     if !ctx.promotion.target_on_canary {
-        return Some(PromotionStep::WriteTarget);
+        // Written once: the same write again changes nothing while the
+        // target's controller catches up.
+        return (!ctx.promotion.target_written).then_some(PromotionStep::WriteTarget);
     }
     let hash = ctx.target_hash.as_deref()?;
     if !releasable.is_empty() {

@@ -705,15 +705,21 @@ impl Executed<'_> {
             status: &plan.status,
         };
         match selector::steps::run(&pass, ctx, &plan.actions).await {
-            Ok(Some(g)) => {
-                let mut recorded = plan.status.clone();
-                if let Some(a) = recorded.applied_template.as_mut() {
-                    a.generation = Some(g);
+            Ok(ran) => {
+                if let Some(g) = ran.canary_generation {
+                    let mut recorded = plan.status.clone();
+                    if let Some(a) = recorded.applied_template.as_mut() {
+                        a.generation = Some(g);
+                    }
+                    writes::status(self.sr, ctx, self.key, &plan.status, &recorded).await?;
                 }
-                writes::status(self.sr, ctx, self.key, &plan.status, &recorded).await?;
-                Ok(None)
+                let due = plan
+                    .requeue_after
+                    .map_or(selector::steps::IN_FLIGHT_RECHECK, |d| {
+                        d.min(selector::steps::IN_FLIGHT_RECHECK)
+                    });
+                Ok(ran.in_flight.then(|| Requeue::requeue(due)))
             }
-            Ok(None) => Ok(None),
             Err(Error::Kube(kube::Error::Api(s))) if writes::is_failed_guard(&s) => {
                 Err(Error::StaleDaemonSet)
             }

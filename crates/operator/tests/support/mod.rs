@@ -391,21 +391,50 @@ pub async fn wait_agents(client: &Client, ns: &str, image: &str) -> anyhow::Resu
         .list(&Default::default())
         .await?;
     let want = nodes.items.len();
+    wait_live_pods(client, ns, "app=plugin", |live| {
+        live.len() == want && live.iter().all(|p| pod_ready(p) && image_of(p) == image)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until `done` holds for the live pods (not being deleted) matching
+/// `selector` in `ns`; returns every pod the watch showed then.
+pub async fn wait_live_pods(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    done: impl Fn(&[&Arc<Pod>]) -> bool,
+) -> anyhow::Result<Vec<Arc<Pod>>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for_all(
         &pods,
-        watcher::Config::default().labels("app=plugin"),
+        watcher::Config::default().labels(selector),
         TIMEOUT,
         |ps| {
             let live: Vec<&Arc<Pod>> = ps
                 .iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .collect();
-            live.len() == want && live.iter().all(|p| pod_ready(p) && image_of(p) == image)
+            done(&live)
         },
     )
-    .await?;
-    Ok(())
+    .await
+}
+
+/// Each live pod's UID by node (the last one listed on a node wins).
+pub fn uids_by_node<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<String, String> {
+    pods.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let node = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            (node, p.metadata.uid.clone().unwrap_or_default())
+        })
+        .collect()
 }
 
 /// The default rollout of the tests: 1 node, 50%, 100%, allocatable pinned to the baseline.

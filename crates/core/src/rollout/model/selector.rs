@@ -389,6 +389,10 @@ impl Model {
                         && !sel.target_expression
                         && target.observed_generation >= target.generation
                 }),
+                target_written: sel
+                    .canary
+                    .as_ref()
+                    .is_some_and(|c| c.ds.template == target.template && !sel.target_expression),
                 target_has_expression: sel.target_expression,
             },
         }

@@ -263,6 +263,7 @@ impl Found {
                 tainted,
                 canary_held: self.view.canary.as_ref().is_some_and(|c| c.held),
                 target_on_canary: self.view.target_on_canary(),
+                target_written: self.view.target_written(),
                 target_has_expression: self.view.target_expression,
             },
         }

@@ -82,10 +82,25 @@ impl<'a> Read<'a> {
     }
 }
 
+/// What one pass's steps did.
+#[derive(Debug, Default)]
+pub struct Ran {
+    /// The canary's generation after this pass wrote its template (status
+    /// records it as the applied template's).
+    pub canary_generation: Option<i64>,
+    /// Something of the strategy is still under way (a canary, a handover
+    /// label, a promotion taint, the target's expression): the next pass
+    /// is due soon even if no watch event wakes it (the last old agents
+    /// going away, which the promotion waits for, wake nothing).
+    pub in_flight: bool,
+}
+
+/// How soon a pass follows one that left the strategy under way.
+pub const IN_FLIGHT_RECHECK: Duration = Duration::from_secs(1);
+
 /// Translates the plan's actions into steps, adds what goes on by itself,
-/// and performs them; `Ok(Some(g))`: the canary's generation after this
-/// pass wrote its template (status records it as the applied template's).
-pub async fn run(pass: &Pass<'_>, ctx: &Context, actions: &[Action]) -> Result<Option<i64>> {
+/// and performs them.
+pub async fn run(pass: &Pass<'_>, ctx: &Context, actions: &[Action]) -> Result<Ran> {
     let read = Read::of(pass, ctx);
     let spec_is_target = pass.spec_revision == Some(pass.found.view.target.revision.as_str());
     let tctx = read.context(pass, spec_is_target);
@@ -98,13 +113,19 @@ pub async fn run(pass: &Pass<'_>, ctx: &Context, actions: &[Action]) -> Result<O
     if !steps.is_empty() {
         tracing::debug!(ns = %pass.key.0, name = %pass.key.1, ?steps, "Selector steps of the pass");
     }
-    let mut canary_generation = None;
+    let mut ran = Ran {
+        canary_generation: None,
+        in_flight: pass.found.canary.is_some()
+            || !tctx.states.is_empty()
+            || !tctx.promotion.tainted.is_empty()
+            || tctx.promotion.target_has_expression,
+    };
     for step in &steps {
         if let Some(g) = perform(pass, ctx, step, &read.owned).await? {
-            canary_generation = Some(g);
+            ran.canary_generation = Some(g);
         }
     }
-    Ok(canary_generation)
+    Ok(ran)
 }
 
 /// One step of undoing the pair for the SafeRollout's deletion
