@@ -168,6 +168,29 @@ pub fn engine_pods<'a>(pods: &[OwnedPod<'a>], ctx: &Context) -> PodsByNode<'a> {
     }))
 }
 
+/// Lays the operator's memory of its own deletions over `pods` (a pod it
+/// took away moments ago shows as being deleted). Once per pass, before
+/// [`engine_pods`]: laid again over the engine's view, which shows leaving
+/// pods as being deleted, the memory would read them as the cache
+/// confirming the deletions and forget them (two Ready agents were deleted
+/// at `maxUnavailable: 1` that way, found by the property tests).
+pub fn lay_deletions(
+    pods: &mut [OwnedPod],
+    expectations: &mut crate::expectations::Expectations,
+    now: jiff::Timestamp,
+) {
+    let mut views = crate::views::pods_by_node(pods.iter().map(|p| p.pod));
+    expectations.apply(&mut views, now);
+    for p in pods.iter_mut() {
+        if let Some(v) = views
+            .get(p.pod.node)
+            .and_then(|vs| vs.iter().find(|v| v.uid == p.pod.uid))
+        {
+            p.pod.deleting = v.deleting;
+        }
+    }
+}
+
 /// What [`crate::handover::next_step`] reads of one node's pods; `serves`
 /// says whether a Ready pod serves (for make-before-break: the node's pool
 /// published since it got Ready).

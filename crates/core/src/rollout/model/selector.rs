@@ -303,17 +303,7 @@ impl Model {
                 hash: &p.hash,
             })
             .collect();
-        let mut views: crate::views::PodsByNode =
-            crate::views::pods_by_node(pods.iter().map(|p| p.pod));
-        self.expectations.apply(&mut views, self.now);
-        for p in &mut pods {
-            if let Some(v) = views
-                .get(p.pod.node)
-                .and_then(|vs| vs.iter().find(|v| v.uid == p.pod.uid))
-            {
-                p.pod.deleting = v.deleting;
-            }
-        }
+        crate::selector::lay_deletions(&mut pods, &mut self.expectations, self.now);
         pods
     }
 

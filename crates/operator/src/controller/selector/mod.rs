@@ -21,9 +21,9 @@ use saferollout_core::revision::revision_hash;
 use saferollout_core::selector::observe::{Found as PairFound, OwnedRevision, PairView};
 use saferollout_core::selector::{
     Context, OwnedPod, Owner, PromotionFacts, canary_name, handover_label_key, judged_nodes,
-    node_agents,
+    lay_deletions, node_agents,
 };
-use saferollout_core::views::{AgentPod, pods_by_node};
+use saferollout_core::views::AgentPod;
 
 use super::caches::Caches;
 
@@ -164,9 +164,7 @@ impl Found {
 
     /// The agent pods of both DaemonSets with their owners, their revisions
     /// by content, and the operator's memory of its deletions laid over
-    /// them (once: laid again over the engine's view, which shows leaving
-    /// pods as being deleted, it would read them as the cache confirming
-    /// the deletions and forget them).
+    /// them (see [`lay_deletions`]).
     pub fn owned_pods<'a>(
         &'a self,
         pods: &'a [Arc<SlimPod>],
@@ -183,16 +181,7 @@ impl Found {
                 Some(OwnedPod { owner, pod, hash })
             })
             .collect();
-        let mut views = pods_by_node(owned.iter().map(|p| p.pod));
-        expectations.apply(&mut views, now);
-        for p in &mut owned {
-            if let Some(v) = views
-                .get(p.pod.node)
-                .and_then(|vs| vs.iter().find(|v| v.uid == p.pod.uid))
-            {
-                p.pod.deleting = v.deleting;
-            }
-        }
+        lay_deletions(&mut owned, expectations, now);
         owned
     }
 
