@@ -74,6 +74,14 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 {{- else }}
 - {apiGroups: [""], resources: [namespaces], verbs: [get]}
 {{- end }}
+{{- if .Values.fleetPolicies.enabled }}
+# SafeRolloutPolicies: read the fleet policies (cluster-scoped) that govern SafeRollouts together.
+- {apiGroups: [saferollout.dev], resources: [saferolloutpolicies], verbs: [get, list, watch]}
+# SafeRolloutPolicy status: whether each policy is applied, and why not (an ordering cycle, an unknown zone).
+- {apiGroups: [saferollout.dev], resources: [saferolloutpolicies/status], verbs: [get, patch]}
+# Namespaces: a policy selects SafeRollouts by their namespace's labels.
+- {apiGroups: [""], resources: [namespaces], verbs: [list, watch]}
+{{- end }}
 {{- if .Values.deviceGates.enabled }}
 # ResourceSlices: what a DRA driver publishes per node (gates.resourceSlices, deviceTaints).
 - {apiGroups: [resource.k8s.io], resources: [resourceslices], verbs: [get, list, watch]}

@@ -80,6 +80,9 @@ pub const CONDITION_RECONCILING: &str = "Reconciling";
 /// Condition type (kstatus): progress stopped and needs a person or a new spec
 /// (a reverted revision, a failed preflight, a conflict, a stuck node).
 pub const CONDITION_STALLED: &str = "Stalled";
+/// Condition type: a SafeRolloutPolicy holds the rollout back (its budget,
+/// its ordering, a maintenance window); set only on governed SafeRollouts.
+pub const CONDITION_WAITING: &str = "Waiting";
 /// Condition type: the preflight checks of the target revision found no error.
 pub const CONDITION_PREFLIGHT_PASSED: &str = "PreflightPassed";
 

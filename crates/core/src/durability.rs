@@ -138,6 +138,7 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         progress: _,
         applied_template,
         converging_nodes,
+        disrupted_nodes,
         stuck_nodes,
         preflight,
         stopped,
@@ -157,6 +158,7 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         && *original_update_strategy == new.original_update_strategy
         && *applied_template == new.applied_template
         && *converging_nodes == new.converging_nodes
+        && *disrupted_nodes == new.disrupted_nodes
         && *stuck_nodes == new.stuck_nodes
         && *preflight == new.preflight
         && *stopped == new.stopped

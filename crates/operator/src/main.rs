@@ -118,6 +118,14 @@ struct Args {
     /// Off: such a SafeRollout is refused with a condition naming the field.
     #[arg(long, env = "SAFEROLLOUT_SELECTOR_STRATEGY", default_value_t = false, action = clap::ArgAction::Set)]
     selector_strategy: bool,
+    /// Watch SafeRolloutPolicies and apply them to the SafeRollouts they
+    /// select (a budget of disrupted nodes across rollouts, an order between
+    /// agents on each node, maintenance windows): needs the policy CRD
+    /// (deploy/crd-policy.yaml) and the RBAC the chart grants with
+    /// `fleetPolicies.enabled` (list and watch the policies and namespaces,
+    /// patch the policies' status).
+    #[arg(long, env = "SAFEROLLOUT_FLEET_POLICIES", default_value_t = false, action = clap::ArgAction::Set)]
+    fleet_policies: bool,
     /// How the caches get their initial state: `paged` (paginated LISTs,
     /// then watches) or `stream` (streaming lists, Kubernetes WatchList: one
     /// watch per cache that sends the current objects first).
@@ -246,6 +254,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         per_node_pod_watches: args.per_node_pod_watches,
         limits,
         freshness,
+        fleet_policies: args.fleet_policies,
     };
     let election = async {
         if !args.leader_election {

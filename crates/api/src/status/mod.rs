@@ -98,6 +98,15 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub converging_nodes: Vec<String>,
 
+    /// Only while a SafeRolloutPolicy governs this SafeRollout: the nodes
+    /// where its agent is being replaced, reverted or failing now (those
+    /// whose agent this pass deletes, and those it holds whose agent does
+    /// not serve or fails a gate). The policy's other rollouts read it as
+    /// this one's share of `maxDisruptedNodes`, so it is written before the
+    /// deletions it records. Sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disrupted_nodes: Vec<String>,
+
     /// Nodes the operator cannot bring to the desired revision and why (a
     /// NotReady node it refuses to empty, an agent that does not become Ready
     /// within the deadline). At most 20, sorted by node.

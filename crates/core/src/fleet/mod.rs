@@ -11,10 +11,12 @@
 //!   node now, and the cycles that would stop rollouts forever.
 //! - [`windows`]: `maintenanceWindows`, whether a stage may start now and
 //!   when the next window opens (a revert is never held).
-//!
-//! Not wired into the operator yet: nothing here is called by
-//! `crate::rollout` or the operator.
+//! - [`admit`]: the three applied to one rollout's pass, which
+//!   `crate::rollout` calls before it deletes anything of a stage.
 
+pub mod admit;
 pub mod budget;
 pub mod ordering;
 pub mod windows;
+
+pub use admit::{Admitted, Fleet, Governing, Held, admit};

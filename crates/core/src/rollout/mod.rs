@@ -39,6 +39,8 @@ mod settle;
 mod stage;
 
 #[cfg(test)]
+mod fleet_tests;
+#[cfg(test)]
 mod model;
 #[cfg(test)]
 mod properties;
@@ -47,7 +49,7 @@ mod selector_tests;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -126,6 +128,10 @@ pub struct Observed<'a> {
     /// When the stalest cache this pass reads last heard from the API
     /// server (an event or a watch bookmark); `None`: as of `now`.
     pub caches_heard_at: Option<Timestamp>,
+    /// The SafeRolloutPolicies governing this rollout; `None`: none does
+    /// (then `status.disruptedNodes` and the `Waiting` condition are not
+    /// kept).
+    pub fleet: Option<&'a crate::fleet::Fleet<'a>>,
 }
 
 impl Observed<'_> {
@@ -267,11 +273,13 @@ pub fn decide(o: &Observed) -> Decision {
     let mut st = o.status.clone();
     let mut actions = Vec::new();
     st.observed_generation = o.generation;
-    let requeue_after = step(o, &mut st, &mut actions);
+    let mut fleet = FleetPass::default();
+    let requeue_after = step(o, &mut st, &mut actions, &mut fleet);
     if o.owned_by_other.is_none() {
         devices::sync(o, &st, &mut actions);
     }
     probe_pods_alive_only(o, &st, &mut actions);
+    record_fleet(o, &mut st, &actions, fleet);
     if st.phase != o.status.phase {
         st.phase_transition_time = Some(Time(o.now));
     }
@@ -291,7 +299,92 @@ pub fn decide(o: &Observed) -> Decision {
 /// How soon a pass that asked for its caches to list again looks again.
 const REFRESH_RECHECK: Duration = Duration::from_secs(1);
 
-fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> Option<Duration> {
+/// What a pass learnt for the policies governing the rollout (see
+/// [`record_fleet`]).
+#[derive(Debug, Default)]
+struct FleetPass {
+    /// Why a policy held back nodes the stage wanted to replace.
+    held: Option<crate::fleet::Held>,
+    /// Nodes whose agent violates a gate (its violation soaking): failing,
+    /// so disrupted, whatever their agent's readiness.
+    violating: BTreeSet<String>,
+}
+
+/// Under a SafeRolloutPolicy: `status.disruptedNodes` (the nodes this
+/// pass's deletions empty, and those the rollout holds whose agent does
+/// not serve or fails a gate) and the `Waiting` condition. Without one,
+/// both are cleared (a policy that stopped governing the rollout leaves
+/// nothing behind that others would read).
+fn record_fleet(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &[Action],
+    fleet: FleetPass,
+) {
+    if o.fleet.is_none() {
+        st.disrupted_nodes.clear();
+        st.conditions
+            .retain(|c| c.type_ != crate::conditions::WAITING);
+        return;
+    }
+    let mut disrupted = fleet.violating;
+    for action in actions {
+        if let Action::DeletePods { pods } = action {
+            disrupted.extend(pods.iter().map(|p| p.node.clone()));
+        }
+    }
+    let target = st.target_revision.as_deref();
+    let held = st
+        .stages
+        .iter()
+        .filter(|_| target.is_some())
+        .flat_map(|s| s.nodes.iter().chain(&s.failed_nodes))
+        .chain(&st.converging_nodes);
+    // A stopped rollout's failed nodes fail until someone acts, whatever
+    // their agent's readiness (a plugin Ready with 0 devices).
+    if let Some(stopped) = &st.stopped {
+        disrupted.extend(
+            stopped
+                .nodes
+                .iter()
+                .filter(|n| o.nodes.contains_key(n.as_str()))
+                .cloned(),
+        );
+    }
+    for node in held {
+        if o.nodes.contains_key(node.as_str()) && !replace::is_available(o.pods, node) {
+            disrupted.insert(node.clone());
+        }
+    }
+    st.disrupted_nodes = disrupted.into_iter().collect();
+    match fleet.held {
+        Some(held) => crate::conditions::set(
+            &mut st.conditions,
+            crate::conditions::WAITING,
+            true,
+            held.reason,
+            held.message,
+            o.generation,
+            o.now,
+        ),
+        None => crate::conditions::set(
+            &mut st.conditions,
+            crate::conditions::WAITING,
+            false,
+            "NotHeld",
+            "no SafeRolloutPolicy holds this rollout back now",
+            o.generation,
+            o.now,
+        ),
+    }
+}
+
+fn step(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    fleet: &mut FleetPass,
+) -> Option<Duration> {
     if let Some(owner) = o.owned_by_other {
         phase::stalled(
             st,
@@ -377,7 +470,7 @@ fn step(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>) -> 
         restore_blocked(o, st, actions, current, &stable);
         return None;
     }
-    stage::roll(o, st, actions, ds, current)
+    stage::roll(o, st, actions, ds, current, fleet)
 }
 
 /// Whether this pass would roll the DaemonSet's revision forward: one that

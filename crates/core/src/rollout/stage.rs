@@ -46,6 +46,7 @@ pub(super) fn roll(
     actions: &mut Vec<Action>,
     ds: &DaemonSetView,
     target: &str,
+    fleet: &mut super::FleetPass,
 ) -> Option<Duration> {
     start_if_new(o, st, actions, target);
     if o.spec.paused && o.requests.abort != Some(target) {
@@ -119,12 +120,34 @@ pub(super) fn roll(
         .iter()
         .filter(|n| live_pods(o.pods, n).any(|p| p.revision == target && p.running && p.ready))
         .count();
+    // The nodes whose agent is still to be replaced, and which of those the
+    // policies governing the rollout let it start on now.
+    let to_replace: Vec<&str> = rollout_nodes
+        .iter()
+        .copied()
+        .filter(|n| live_pods(o.pods, n).any(|p| p.revision != target))
+        .collect();
+    let admitted = o.fleet.map(|f| admit_fleet(o, st, f, &to_replace, &labelled));
+    fleet.held = admitted.as_ref().and_then(|a| a.held.clone());
+    // Held by a policy, the stage is not stuck: its deadline counts from
+    // when the hold ends (a new subject restarts the clock), and a wait
+    // longer than the deadline fails nothing.
+    let held_by = if fleet.held.is_some() {
+        " (held by a SafeRolloutPolicy)"
+    } else {
+        ""
+    };
     let without_progress = record_progress(
         st,
-        format!("stage {} of revision {target}", index + 1),
+        format!("stage {} of revision {target}{held_by}", index + 1),
         on_target_ready,
         o,
     );
+    let without_progress = if fleet.held.is_some() {
+        Duration::ZERO
+    } else {
+        without_progress
+    };
     let deadline = progress_deadline(o);
     let stage_pos = st
         .stages
@@ -177,12 +200,10 @@ pub(super) fn roll(
     // larger budget keeps replacing around a replaced plugin's node that reads
     // 0 devices for a moment, instead of halting the whole stage on it. Its
     // own agent is left alone.
-    let to_replace: Vec<&str> = rollout_nodes
-        .iter()
-        .copied()
-        .filter(|n| live_pods(o.pods, n).any(|p| p.revision != target))
-        .collect();
     let violating = gates::violating_nodes(&verdicts);
+    if o.fleet.is_some() {
+        fleet.violating.clone_from(&violating);
+    }
     // A node's pod is replaced once the node carries its stage's label (the
     // runbook's "label the nodes, then roll out there"). Node by node, not
     // once the whole stage carries them: the label writer (beside the
@@ -194,6 +215,7 @@ pub(super) fn roll(
         .iter()
         .copied()
         .filter(|n| !violating.contains(*n) && labelled.contains(*n))
+        .filter(|n| admitted.as_ref().is_none_or(|a| a.nodes.contains(n)))
         .collect();
     if !replaceable.is_empty() {
         let held: BTreeSet<&str> = rollout_nodes
@@ -221,7 +243,16 @@ pub(super) fn roll(
         index + 1,
         stage_specs.len()
     );
-    phase::working(st, o, Phase::Progressing, "RollingOut", progress_msg);
+    match &fleet.held {
+        Some(held) => phase::working(
+            st,
+            o,
+            Phase::Progressing,
+            held.reason,
+            format!("{progress_msg}; {}", held.message),
+        ),
+        None => phase::working(st, o, Phase::Progressing, "RollingOut", progress_msg),
+    }
     // A stage that could not take every node it planned (a baseline's
     // evidence awaited) is not complete, whatever its gates say.
     let passed = gates::all_passed(&verdicts) && to_replace.is_empty() && !baselines_awaited;
@@ -251,6 +282,31 @@ pub(super) fn roll(
         stage_specs.len(),
         target,
     )
+}
+
+/// What the governing policies let this pass start replacing, of the
+/// stage's nodes whose agent is still to be replaced and that carry their
+/// label. What the rollout disrupts already (held nodes whose agent does not
+/// serve) costs nothing more.
+fn admit_fleet<'a>(
+    o: &Observed<'a>,
+    st: &SafeRolloutStatus,
+    fleet: &crate::fleet::Fleet<'_>,
+    to_replace: &[&'a str],
+    labelled: &HashSet<&'a str, foldhash::fast::FixedState>,
+) -> crate::fleet::Admitted<'a> {
+    let wanted: Vec<&'a str> = to_replace
+        .iter()
+        .copied()
+        .filter(|n| labelled.contains(n))
+        .collect();
+    let disrupted: Vec<&'a str> = held_nodes_through(st, usize::MAX)
+        .into_iter()
+        .chain(st.converging_nodes.iter().map(String::as_str))
+        .filter_map(|n| o.nodes.get(n).map(|v| v.name))
+        .filter(|n| !replace::is_available(o.pods, n))
+        .collect();
+    crate::fleet::admit(fleet, &disrupted, &wanted, o.now)
 }
 
 /// A new revision, or one tried before and unblocked by a retry: start over.

@@ -1220,6 +1220,7 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         limits: &crate::limits::UNLIMITED,
         now: m.now,
         caches_heard_at: None,
+        fleet: None,
     };
     let d = decide(&base);
     assert!(d.actions.is_empty());

@@ -232,6 +232,7 @@ impl World {
             limits: &limits,
             now: self.now,
             caches_heard_at: None,
+            fleet: None,
         };
         saferollout_core::decide(&o)
     }

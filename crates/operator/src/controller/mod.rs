@@ -15,6 +15,7 @@ pub mod caches;
 pub mod device_writes;
 pub mod devices;
 pub mod error;
+pub mod fleet;
 pub mod freshness;
 pub mod labels;
 pub mod proof;
@@ -117,6 +118,8 @@ pub struct Context {
     pub write_slots: writes::WriteSlots,
     /// What the operator's administrator lets SafeRollouts ask for.
     pub limits: Arc<AdminLimits>,
+    /// SafeRolloutPolicies, with `--fleet-policies`.
+    pub fleet: Option<Arc<fleet::FleetPolicies>>,
 }
 
 impl Context {
@@ -137,6 +140,9 @@ impl Context {
     }
 
     fn forget(&self, key: &RolloutKey) {
+        if let Some(f) = &self.fleet {
+            f.forget(key);
+        }
         self.memory
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -395,7 +401,7 @@ async fn spec_template(
 async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result<Requeue> {
     debug_panic_hook(key);
     // No decision on a partial picture (after a restart every cache lists first).
-    if !ctx.caches.is_synced() {
+    if !ctx.caches.is_synced() || ctx.fleet.as_ref().is_some_and(|f| !f.is_ready()) {
         return Ok(Requeue::requeue(Duration::from_millis(200)));
     }
     // No decision on a cache that may have stopped hearing the cluster.
@@ -420,7 +426,17 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         Err(requeue) => return Ok(requeue),
     };
     let now = gathered.now;
-    let (decision, nodes) = decide(sr, ctx, key, status, &world, &gathered);
+    // A governed rollout decides and writes its status in its turn (see
+    // `fleet`), on what the others decided before it.
+    let governed = ctx.fleet.as_ref().filter(|f| !f.governing(sr).is_empty());
+    let turn = match governed {
+        Some(f) => Some(f.turn.lock().await),
+        None => None,
+    };
+    let fleet_gathered =
+        governed.and_then(|f| f.gather(sr, &ctx.caches, world.pods(), world.current_revision()));
+    let fleet_view = fleet_gathered.as_ref().map(|g| g.view());
+    let (decision, nodes) = decide(sr, ctx, key, status, &world, &gathered, fleet_view.as_ref());
     let decided = pass_started.elapsed();
     let since_last_write = ctx.memory(key, |m| m.status_written_at.map(|t| t.elapsed()));
     let plan =
@@ -435,6 +451,10 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         .node_pods
         .set_wants(key, plan.watch_pods_on.clone());
     let changes = write_planned_status(sr, ctx, key, status, &plan, nodes).await?;
+    if let Some(f) = governed {
+        f.record(&ctx.caches, &ctx.triggers, key, status, &plan.status);
+    }
+    drop(turn);
     let template_value = gathered.spec_template.as_ref().map(|(v, _, _)| v);
     let executed = Executed {
         sr,
@@ -590,6 +610,7 @@ fn decide(
     status: &SafeRolloutStatus,
     world: &snapshot::World,
     gathered: &Gathered,
+    fleet: Option<&saferollout_core::fleet::Fleet>,
 ) -> (saferollout_core::Decision, crate::metrics::NodeCounts) {
     let id = ctx.rollout_id(key);
     let device_evidence = world.devices.evidence();
@@ -610,6 +631,7 @@ fn decide(
         now: gathered.now,
         caches_heard_at: ctx.caches.heard_at_for(sr),
         selector: None,
+        fleet,
     };
     ctx.memory(key, |m| {
         let mut extras = extras;
@@ -1040,6 +1062,9 @@ pub struct Options {
     /// When each cache last heard from the API server (fed by the watching
     /// client's tap, see [`freshness`]).
     pub freshness: Arc<freshness::Freshness>,
+    /// Watch SafeRolloutPolicies and apply them (needs their CRD and the
+    /// RBAC the chart grants with `fleetPolicies.enabled`).
+    pub fleet_policies: bool,
 }
 
 /// The caches, started and filling: what [`run`] reconciles from.
@@ -1050,6 +1075,7 @@ pub struct Started {
     metrics: Arc<Metrics>,
     caches: Arc<Caches>,
     triggers: Arc<Triggers>,
+    fleet: Option<Arc<fleet::FleetPolicies>>,
 }
 
 /// Checks the API, discovers what the device gates can watch and starts the
@@ -1074,6 +1100,9 @@ pub async fn start(
         &metrics,
         &triggers,
     );
+    let fleet = options.fleet_policies.then(|| {
+        fleet::start(&client, &caches, &options.freshness, &metrics, &triggers)
+    });
     {
         let (caches, metrics) = (caches.clone(), metrics.clone());
         tokio::spawn(async move {
@@ -1089,8 +1118,13 @@ pub async fn start(
         metrics,
         caches,
         triggers,
+        fleet,
     })
 }
+
+/// How often the policies' statuses are computed again without a policy
+/// change (the rollouts they govern come and go).
+const POLICY_STATUS_EVERY: Duration = Duration::from_secs(10);
 
 /// Runs the controller until shutdown: caches always, the work queue while
 /// this replica leads.
@@ -1105,7 +1139,16 @@ pub async fn run(
         metrics,
         caches,
         triggers,
+        fleet,
     } = started;
+    if let Some(f) = &fleet {
+        tokio::spawn(f.clone().write_statuses(
+            writer.clone(),
+            caches.clone(),
+            fence.clone(),
+            POLICY_STATUS_EVERY,
+        ));
+    }
     let ctx = Arc::new(Context {
         client: writer.clone(),
         caches: caches.clone(),
@@ -1116,6 +1159,7 @@ pub async fn run(
         memory: Default::default(),
         write_slots: Default::default(),
         limits,
+        fleet,
     });
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

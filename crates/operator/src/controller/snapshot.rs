@@ -183,6 +183,8 @@ pub struct Extras<'a> {
     pub caches_heard_at: Option<Timestamp>,
     /// Under `strategy: Selector`: what the pass knows beyond the caches.
     pub selector: Option<SelectorExtras<'a>>,
+    /// The SafeRolloutPolicies governing the rollout (see [`super::fleet`]).
+    pub fleet: Option<&'a saferollout_core::fleet::Fleet<'a>>,
 }
 
 /// What a `Selector` pass knows beyond the caches.
@@ -287,6 +289,7 @@ pub fn decide(
         limits: extras.limits,
         now: extras.now,
         caches_heard_at: extras.caches_heard_at,
+        fleet: extras.fleet,
     };
     let decision = saferollout_core::decide(&observed);
     let counts = ds_view

@@ -325,6 +325,7 @@ impl Model {
             .collect();
         let backup_name =
             crate::rollout::backup_name("plugin", ds_c.backup.as_deref().unwrap_or_default());
+        let fleet = self.fleet.as_ref().map(|f| f.view());
         let o = Observed {
             spec: &self.spec,
             generation: Some(1),
@@ -357,6 +358,7 @@ impl Model {
             limits: &self.limits,
             now: self.now,
             caches_heard_at: self.caches_heard_at,
+            fleet: fleet.as_ref(),
         };
         decide(&o)
     }

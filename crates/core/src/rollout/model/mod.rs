@@ -78,6 +78,46 @@ pub struct Model {
     pub trace: Vec<String>,
     /// The safety rules' findings and counts.
     pub checker: Checker,
+    /// A SafeRolloutPolicy governing the rollout, as the operator would
+    /// gather it; `None`: none does.
+    pub fleet: Option<FleetModel>,
+}
+
+/// One policy governing the model's rollout (see [`crate::fleet::admit`]).
+#[derive(Debug, Clone, Default)]
+pub struct FleetModel {
+    pub max_disrupted_nodes: Option<usize>,
+    /// What the other governed rollouts disrupt, by rollout.
+    pub others: Vec<(String, Vec<String>)>,
+    pub windows: Vec<crate::fleet::windows::Window>,
+    pub waits_for: BTreeMap<String, String>,
+}
+
+impl FleetModel {
+    pub fn view(&self) -> crate::fleet::Fleet<'_> {
+        crate::fleet::Fleet {
+            rollout: "gpu/plugin",
+            policies: vec![crate::fleet::Governing {
+                policy: "stack",
+                broken: None,
+                budget: crate::fleet::budget::Budget {
+                    max_disrupted_nodes: self.max_disrupted_nodes,
+                    max_concurrent_rollouts: None,
+                },
+                others: self
+                    .others
+                    .iter()
+                    .map(|(r, d)| crate::fleet::budget::Demand {
+                        rollout: r,
+                        disrupted: d.iter().map(String::as_str).collect(),
+                        wanted: Vec::new(),
+                    })
+                    .collect(),
+                windows: &self.windows,
+                waits_for: &self.waits_for,
+            }],
+        }
+    }
 }
 
 impl Model {
@@ -125,6 +165,7 @@ impl Model {
             actions_log: Vec::new(),
             trace: Vec::new(),
             checker,
+            fleet: None,
         }
     }
 

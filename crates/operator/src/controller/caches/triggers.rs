@@ -39,11 +39,14 @@ pub enum Cause {
     StatusRetry,
     /// A prometheus gate's query, run beside the passes, finished.
     Measurement,
+    /// A SafeRolloutPolicy governing it changed, or another rollout it
+    /// governs released nodes or passed a stage while this one waited.
+    Fleet,
 }
 
 impl Cause {
     /// Every cause, in declaration order (its discriminant is its index).
-    const ALL: [Cause; 11] = [
+    const ALL: [Cause; 12] = [
         Cause::SafeRollout,
         Cause::DaemonSet,
         Cause::AgentPod,
@@ -55,6 +58,7 @@ impl Cause {
         Cause::Leading,
         Cause::StatusRetry,
         Cause::Measurement,
+        Cause::Fleet,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +74,7 @@ impl Cause {
             Cause::Leading => "leading",
             Cause::StatusRetry => "status_retry",
             Cause::Measurement => "measurement",
+            Cause::Fleet => "fleet",
         }
     }
 }
