@@ -11,7 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub use saferollout_api::{
     CONDITION_DEGRADED as DEGRADED, CONDITION_PREFLIGHT_PASSED as PREFLIGHT_PASSED,
     CONDITION_PROGRESSING as PROGRESSING, CONDITION_READY as READY,
-    CONDITION_RECONCILING as RECONCILING, CONDITION_STALLED as STALLED, CONDITION_WAITING as WAITING,
+    CONDITION_RECONCILING as RECONCILING, CONDITION_STALLED as STALLED,
+    CONDITION_WAITING as WAITING,
 };
 
 /// Sets one condition, keeping its transition time when the status is unchanged.

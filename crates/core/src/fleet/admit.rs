@@ -267,9 +267,18 @@ mod tests {
         assert!(a.nodes.is_empty());
         let held = a.held.unwrap();
         assert_eq!(held.reason, "MaintenanceWindow");
-        assert!(held.message.contains("2026-12-07 08:00"), "{}", held.message);
+        assert!(
+            held.message.contains("2026-12-07 08:00"),
+            "{}",
+            held.message
+        );
         // Inside it, the node is taken.
-        let a = admit(&fleet, &[], &["n1"], "2026-12-07T08:30:00Z".parse().unwrap());
+        let a = admit(
+            &fleet,
+            &[],
+            &["n1"],
+            "2026-12-07T08:30:00Z".parse().unwrap(),
+        );
         assert_eq!(nodes(&a), ["n1"]);
         assert_eq!(a.held, None);
     }

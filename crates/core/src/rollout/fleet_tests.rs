@@ -131,7 +131,11 @@ fn disrupted_nodes_are_recorded_in_the_status_of_the_pass_that_deletes() {
                 }
             }
         }
-        assert!(d.status.disrupted_nodes.len() <= 2, "{:?}", d.status.disrupted_nodes);
+        assert!(
+            d.status.disrupted_nodes.len() <= 2,
+            "{:?}",
+            d.status.disrupted_nodes
+        );
         if m.status.phase == Some(Phase::Succeeded) && m.all_on("v2") {
             break;
         }

@@ -315,12 +315,7 @@ struct FleetPass {
 /// not serve or fails a gate) and the `Waiting` condition. Without one,
 /// both are cleared (a policy that stopped governing the rollout leaves
 /// nothing behind that others would read).
-fn record_fleet(
-    o: &Observed,
-    st: &mut SafeRolloutStatus,
-    actions: &[Action],
-    fleet: FleetPass,
-) {
+fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fleet: FleetPass) {
     if o.fleet.is_none() {
         st.disrupted_nodes.clear();
         st.conditions

@@ -127,7 +127,9 @@ pub(super) fn roll(
         .copied()
         .filter(|n| live_pods(o.pods, n).any(|p| p.revision != target))
         .collect();
-    let admitted = o.fleet.map(|f| admit_fleet(o, st, f, &to_replace, &labelled));
+    let admitted = o
+        .fleet
+        .map(|f| admit_fleet(o, st, f, &to_replace, &labelled));
     fleet.held = admitted.as_ref().and_then(|a| a.held.clone());
     // Held by a policy, the stage is not stuck: its deadline counts from
     // when the hold ends (a new subject restarts the clock), and a wait
@@ -265,11 +267,17 @@ pub(super) fn roll(
         };
         stage.verified_at = None;
         let recheck = recheck_after(&verdicts, deadline.saturating_sub(without_progress));
-        // Nothing wakes the rollout for a node it does not hold yet.
-        return Some(if baselines_awaited {
+        // Nothing wakes the rollout for a node it does not hold yet. A
+        // policy's hold is woken when another rollout releases a node, and
+        // looked at again anyway (a window opens by the clock alone).
+        let recheck = if baselines_awaited {
             recheck.min(BASELINE_RECHECK)
         } else {
             recheck
+        };
+        return Some(match &fleet.held {
+            Some(_) => recheck.min(FLEET_RECHECK),
+            None => recheck,
         });
     }
     advance(
@@ -408,6 +416,9 @@ fn note(list: &mut Vec<NodeNote>, node: &str, reason: &str, message: String) {
     });
     list.sort_by(|a, b| a.node.cmp(&b.node));
 }
+
+/// How often a stage held by a SafeRolloutPolicy looks again.
+const FLEET_RECHECK: Duration = Duration::from_secs(5);
 
 /// How often a stage that waits for a planned node's baseline evidence looks
 /// again (the node is not held yet, so its status writes wake nobody).

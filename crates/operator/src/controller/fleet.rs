@@ -14,7 +14,7 @@
 //! change go behind the actions), so after a restart the statuses alone
 //! are the truth, and the ledger starts empty.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,8 +23,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher::Event;
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::Event;
 use kube::{Client, ResourceExt};
 use saferollout_api::{
     CONDITION_WAITING, FIELD_MANAGER, SafeRollout, SafeRolloutPolicy, SafeRolloutPolicyStatus,
@@ -56,6 +56,9 @@ pub struct FleetPolicies {
     /// What this operator decided each governed rollout disrupts, until
     /// the rollout cache shows that status.
     ledger: Mutex<HashMap<RolloutKey, Vec<String>>>,
+    /// The governed rollouts whose last pass here was held (their status
+    /// may not be in the cache yet when another releases a node).
+    waiting: Mutex<HashSet<RolloutKey>>,
     /// Held by a governed rollout from its decision through its status
     /// write (see the module doc).
     pub turn: tokio::sync::Mutex<()>,
@@ -80,6 +83,7 @@ pub fn start(
         namespaces,
         ready: AtomicBool::new(false),
         ledger: Mutex::default(),
+        waiting: Mutex::default(),
         turn: tokio::sync::Mutex::new(()),
         changed: tokio::sync::Notify::new(),
     });
@@ -217,22 +221,33 @@ impl FleetPolicies {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.clone(), after.disrupted_nodes.clone());
+        let held = is_waiting(after);
+        let waiting: HashSet<RolloutKey> = {
+            let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            if held {
+                w.insert(key.clone());
+            } else {
+                w.remove(key);
+            }
+            w.clone()
+        };
         let released = before
             .disrupted_nodes
             .iter()
             .any(|n| !after.disrupted_nodes.contains(n));
-        let stages_moved = before.stages.iter().map(|s| s.state).ne(after.stages.iter().map(|s| s.state))
+        let stages_moved = before
+            .stages
+            .iter()
+            .map(|s| s.state)
+            .ne(after.stages.iter().map(|s| s.state))
             || before.phase != after.phase;
         if !released && !stages_moved {
             return;
         }
         for sr in caches.every_rollout() {
-            let waiting = sr
-                .status
-                .as_ref()
-                .and_then(|s| s.condition(CONDITION_WAITING))
-                .is_some_and(|c| c.status == "True");
-            if waiting && key_of(&sr) != *key {
+            let other = key_of(&sr);
+            let held = waiting.contains(&other) || sr.status.as_ref().is_some_and(is_waiting);
+            if held && other != *key {
                 triggers.send(ObjectRef::from_obj(&*sr), Cause::Fleet);
             }
         }
@@ -244,9 +259,18 @@ impl FleetPolicies {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 
-    fn resolve(&self, policy: &SafeRolloutPolicy, governed: &[Arc<SafeRollout>], caches: &Caches) -> Resolved {
+    fn resolve(
+        &self,
+        policy: &SafeRolloutPolicy,
+        governed: &[Arc<SafeRollout>],
+        caches: &Caches,
+    ) -> Resolved {
         let fleet_nodes = match &policy.spec.max_disrupted_nodes {
             Some(IntOrString::String(_)) => agents_nodes(governed, caches).len(),
             _ => 0,
@@ -302,7 +326,9 @@ impl FleetPolicies {
                 .collect();
             // Priority: the rollouts holding nodes first (they finish what
             // they started), then the oldest.
-            others.sort_by_key(|(name, d, created)| (d.is_empty(), created.as_ref().map(|t| t.0), name.clone()));
+            others.sort_by_key(|(name, d, created)| {
+                (d.is_empty(), created.as_ref().map(|t| t.0), name.clone())
+            });
             let waits_for = match ordering_waits(&policy, &governed, &me, &to_replace, caches) {
                 Ok(w) => w,
                 Err(e) => {
@@ -366,7 +392,11 @@ impl FleetPolicies {
     }
 
     /// What `policy`'s status should say now.
-    fn policy_status(&self, policy: &SafeRolloutPolicy, caches: &Caches) -> SafeRolloutPolicyStatus {
+    fn policy_status(
+        &self,
+        policy: &SafeRolloutPolicy,
+        caches: &Caches,
+    ) -> SafeRolloutPolicyStatus {
         let governed = self.governed(policy, caches);
         let resolved = self.resolve(policy, &governed, caches);
         let names: Vec<String> = governed.iter().map(|g| full_name(g)).collect();
@@ -384,13 +414,25 @@ impl FleetPolicies {
                 format!("{why}; the rollouts it governs replace nothing until it is fixed"),
             ),
             None => {
-                let shown: Vec<&str> = names.iter().take(NAMED_IN_MESSAGE).map(String::as_str).collect();
+                let shown: Vec<&str> = names
+                    .iter()
+                    .take(NAMED_IN_MESSAGE)
+                    .map(String::as_str)
+                    .collect();
                 let more = names.len().saturating_sub(NAMED_IN_MESSAGE);
-                let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+                let more = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
                 (
                     "True",
                     "Applied".to_string(),
-                    format!("governs {} SafeRollout(s): {}{more}", names.len(), shown.join(", ")),
+                    format!(
+                        "governs {} SafeRollout(s): {}{more}",
+                        names.len(),
+                        shown.join(", ")
+                    ),
                 )
             }
         };
@@ -416,8 +458,17 @@ impl FleetPolicies {
     }
 }
 
+fn is_waiting(st: &saferollout_api::SafeRolloutStatus) -> bool {
+    st.condition(CONDITION_WAITING)
+        .is_some_and(|c| c.status == "True")
+}
+
 /// The ordering rules' cycle among `governed`, if any, as a message.
-fn cycle_of(policy: &SafeRolloutPolicy, governed: &[Arc<SafeRollout>], names: &[String]) -> Option<String> {
+fn cycle_of(
+    policy: &SafeRolloutPolicy,
+    governed: &[Arc<SafeRollout>],
+    names: &[String],
+) -> Option<String> {
     let views: Vec<ordering::Governed> = governed
         .iter()
         .zip(names)
@@ -443,14 +494,23 @@ fn agents_nodes(governed: &[Arc<SafeRollout>], caches: &Caches) -> BTreeSet<Stri
 
 /// The agent pods of the DaemonSet `sr` targets.
 fn agent_pods(sr: &SafeRollout, caches: &Caches) -> Vec<Arc<SlimPod>> {
-    let Some(uid) = caches.target_daemonset(sr).and_then(|d| d.metadata.uid.clone()) else {
+    let Some(uid) = caches
+        .target_daemonset(sr)
+        .and_then(|d| d.metadata.uid.clone())
+    else {
         return Vec::new();
     };
     caches
         .pods
         .in_namespace(&sr.namespace().unwrap_or_default())
         .into_iter()
-        .filter(|p| p.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
+        .filter(|p| {
+            p.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.uid == uid)
+        })
         .collect()
 }
 
@@ -494,11 +554,16 @@ fn ordering_waits(
         }
         let passed_nodes = passed_nodes(sr);
         for pod in agent_pods(sr, caches) {
-            let Some(agent) = AgentPod::of(&pod) else { continue };
+            let Some(agent) = AgentPod::of(&pod) else {
+                continue;
+            };
             if agent.deleting {
                 continue;
             }
-            present.entry(name).or_default().insert(agent.node.to_string());
+            present
+                .entry(name)
+                .or_default()
+                .insert(agent.node.to_string());
             let serving = agent.running && agent.ready;
             let gates_passed = match &passed_nodes {
                 Passed::Everywhere => true,
@@ -506,11 +571,18 @@ fn ordering_waits(
                 Passed::On(nodes) => nodes.contains(agent.node),
             };
             if serving && gates_passed {
-                passed.entry(name).or_default().insert(agent.node.to_string());
+                passed
+                    .entry(name)
+                    .or_default()
+                    .insert(agent.node.to_string());
             }
         }
     }
-    let me: &str = names.iter().find(|n| *n == me).map(String::as_str).unwrap_or(me);
+    let me: &str = names
+        .iter()
+        .find(|n| *n == me)
+        .map(String::as_str)
+        .unwrap_or(me);
     let mut waits = BTreeMap::new();
     for node in to_replace {
         let agents = NodeAgents {

@@ -1100,9 +1100,9 @@ pub async fn start(
         &metrics,
         &triggers,
     );
-    let fleet = options.fleet_policies.then(|| {
-        fleet::start(&client, &caches, &options.freshness, &metrics, &triggers)
-    });
+    let fleet = options
+        .fleet_policies
+        .then(|| fleet::start(&client, &caches, &options.freshness, &metrics, &triggers));
     {
         let (caches, metrics) = (caches.clone(), metrics.clone());
         tokio::spawn(async move {

@@ -92,23 +92,32 @@ pub fn render_chart(template: &str, values: &[String]) -> anyhow::Result<String>
 
 /// Installs the CRD from deploy/ and waits until it is served.
 pub fn install_crd(c: &TestCluster) -> anyhow::Result<()> {
+    install_crd_file(c, "deploy/crd.yaml", "saferollouts.saferollout.dev")
+}
+
+/// Installs the SafeRolloutPolicy CRD from deploy/ and waits until it is served.
+pub fn install_policy_crd(c: &TestCluster) -> anyhow::Result<()> {
+    install_crd_file(
+        c,
+        "deploy/crd-policy.yaml",
+        "saferolloutpolicies.saferollout.dev",
+    )
+}
+
+fn install_crd_file(c: &TestCluster, file: &str, name: &str) -> anyhow::Result<()> {
     c.kubectl(&[
         "apply",
         "--server-side",
         "-f",
-        &repo_root().join("deploy/crd.yaml").to_string_lossy(),
+        &repo_root().join(file).to_string_lossy(),
     ])?;
+    let crd = format!("crd/{name}");
     // A CRD just created has no status yet, and `kubectl wait` refuses an
     // object without conditions ("accessor error") rather than waiting for
     // them: ask again until it has some (seen on a fresh cluster).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match c.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd/saferollouts.saferollout.dev",
-            "--timeout=60s",
-        ]) {
+        match c.kubectl(&["wait", "--for=condition=Established", &crd, "--timeout=60s"]) {
             Ok(_) => return Ok(()),
             Err(e) if e.to_string().contains("accessor error") && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(200));
@@ -134,9 +143,16 @@ pub fn install(c: &TestCluster) -> anyhow::Result<()> {
 /// `selector.enabled` (create and delete DaemonSets, patch pods): the
 /// chart's RBAC rendered with it and applied over deploy/rbac.yaml's.
 pub fn grant_selector_rbac(c: &TestCluster) -> anyhow::Result<()> {
-    let rbac = render_chart("rbac.yaml", &["selector.enabled=true".into()])?;
+    grant_chart_rbac(c, "selector.enabled=true")
+}
+
+/// Grants the operator's ServiceAccount the chart's RBAC rendered with
+/// `value` (`key=value`) over deploy/rbac.yaml's.
+pub fn grant_chart_rbac(c: &TestCluster, value: &str) -> anyhow::Result<()> {
+    let rbac = render_chart("rbac.yaml", &[value.to_string()])?;
     let file = std::env::temp_dir().join(format!(
-        "saferollout-selector-rbac-{}.yaml",
+        "saferollout-rbac-{}-{}.yaml",
+        value.replace(['=', '.'], "-"),
         std::process::id()
     ));
     std::fs::write(&file, rbac)?;
