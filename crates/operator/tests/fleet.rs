@@ -303,6 +303,9 @@ fn watch_stack(
     let (s, v) = (seen.clone(), new_version.to_string());
     let pod_task = tokio::spawn(async move {
         let mut live: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
+        // Each pod's first resource version seen: its creation's, for the
+        // pods created after the watch started.
+        let mut first_rv: BTreeMap<String, u64> = BTreeMap::new();
         let mut listing = true;
         let mut stream = watcher(pods, watcher::Config::default().labels(&selector)).boxed();
         while let Some(ev) = stream.next().await {
@@ -319,10 +322,13 @@ fn watch_stack(
                 watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
                     let agent = Agent::of_image(image_of(&p));
                     let node = node_of(&p);
+                    let created = *first_rv
+                        .entry(p.uid().unwrap_or_default())
+                        .or_insert(rv(&p.metadata));
                     if let Some(agent) =
                         agent.filter(|_| image_of(&p).ends_with(&v) && !node.is_empty())
                     {
-                        s.created.entry((agent, node)).or_insert(rv(&p.metadata));
+                        s.created.entry((agent, node)).or_insert(created);
                     }
                     live.insert(p.uid().unwrap_or_default(), Arc::new(p));
                 }
@@ -360,7 +366,8 @@ fn watch_stack(
     let sr_task = tokio::spawn(async move {
         let mut stream = watcher(rollouts, watcher::Config::default()).boxed();
         while let Some(ev) = stream.next().await {
-            let Ok(watcher::Event::Apply(sr) | watcher::Event::InitApply(sr)) = ev else {
+            // Changes only: the list shows the statuses from before the release.
+            let Ok(watcher::Event::Apply(sr)) = ev else {
                 continue;
             };
             let Some(agent) = Agent::ALL.into_iter().find(|a| a.name() == sr.name_any()) else {

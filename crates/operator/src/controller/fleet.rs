@@ -566,7 +566,7 @@ fn ordering_waits(
                 .insert(agent.node.to_string());
             let serving = agent.running && agent.ready;
             let gates_passed = match &passed_nodes {
-                Passed::Everywhere => true,
+                Passed::Everywhere(stable) => stable.is_none_or(|s| agent.revision == s),
                 Passed::Nowhere => false,
                 Passed::On(nodes) => nodes.contains(agent.node),
             };
@@ -610,10 +610,12 @@ fn ordering_waits(
 
 /// Where a predecessor has passed its gates.
 enum Passed<'a> {
-    /// Nothing to roll out: wherever its agent serves.
-    Everywhere,
+    /// Nothing to roll out: wherever its agent serves the stable revision
+    /// (`None`: not known yet, any).
+    Everywhere(Option<&'a str>),
     /// Stopped by `onFailure: Quarantine` or `Halt`: nowhere, until a
-    /// person acts (its dependents wait, named in their condition).
+    /// person acts (its dependents wait, named in their condition). Also
+    /// while its status is behind its spec, or it has none yet.
     Nowhere,
     /// Rolling out: the nodes of its stages whose gates passed (and soaked).
     On(BTreeSet<&'a str>),
@@ -621,9 +623,12 @@ enum Passed<'a> {
 
 fn passed_nodes(sr: &SafeRollout) -> Passed<'_> {
     let Some(st) = sr.status.as_ref() else {
-        return Passed::Everywhere;
+        return Passed::Nowhere;
     };
-    if st.stopped.is_some() {
+    // Its spec changed since its last pass (a new spec.template it has not
+    // started yet): its stages say nothing of the release to come, so its
+    // dependents wait for that pass rather than run ahead of it.
+    if st.stopped.is_some() || st.observed_generation != sr.metadata.generation {
         return Passed::Nowhere;
     }
     let rolling = st.current_stage.is_some()
@@ -634,7 +639,7 @@ fn passed_nodes(sr: &SafeRollout) -> Passed<'_> {
             .iter()
             .any(|b| Some(&b.revision) == st.target_revision.as_ref());
     if !rolling {
-        return Passed::Everywhere;
+        return Passed::Everywhere(st.stable_revision.as_deref());
     }
     Passed::On(
         st.stages
