@@ -139,6 +139,7 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         applied_template,
         converging_nodes,
         disrupted_nodes,
+        skipped_nodes,
         stuck_nodes,
         preflight,
         stopped,
@@ -159,6 +160,7 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         && *applied_template == new.applied_template
         && *converging_nodes == new.converging_nodes
         && *disrupted_nodes == new.disrupted_nodes
+        && *skipped_nodes == new.skipped_nodes
         && *stuck_nodes == new.stuck_nodes
         && *preflight == new.preflight
         && *stopped == new.stopped

@@ -230,6 +230,72 @@ pub fn uncovered_only_by_readiness(node: &NodeView, placement: &Placement) -> bo
     eligibility(&recovered, placement).is_eligible()
 }
 
+/// Taints that say a node is being taken out of service by someone else:
+/// (key, what it says). Whatever the agent tolerates (device-plugin
+/// DaemonSets often tolerate every taint), a rollout does not start on such
+/// a node: its agent would be judged while the node drains or goes.
+const LIFECYCLE_TAINTS: &[(&str, &str)] = &[
+    (
+        "node.kubernetes.io/unschedulable",
+        "cordoned (spec.unschedulable)",
+    ),
+    (
+        "ToBeDeletedByClusterAutoscaler",
+        "being removed by the cluster autoscaler",
+    ),
+    (
+        "DeletionCandidateOfClusterAutoscaler",
+        "a scale-down candidate of the cluster autoscaler",
+    ),
+    ("karpenter.sh/disrupted", "being disrupted by Karpenter"),
+    ("karpenter.sh/disruption", "being disrupted by Karpenter"),
+    ("node.kubernetes.io/out-of-service", "marked out of service"),
+    (
+        "node.cloudprovider.kubernetes.io/shutdown",
+        "shut down by its cloud provider",
+    ),
+];
+
+/// Why planning leaves `node` out although its agent could be replaced:
+/// someone else is taking it out of service (a cordon, an autoscaler's or
+/// Karpenter's scale-down, out-of-service, shutdown). `None`: nothing says
+/// so. Such a node does not count in `maxUnavailable`'s base either.
+pub fn out_of_service(node: &NodeView) -> Option<String> {
+    node.taints.iter().find_map(|t| {
+        LIFECYCLE_TAINTS
+            .iter()
+            .find(|(key, _)| t.key == *key)
+            .map(|(_, what)| format!("the node is {what} (taint {})", taint_string(t)))
+    })
+}
+
+/// Why `node` is out of service for a reason that is not the rollout's:
+/// NotReady, or someone else is taking it out ([`out_of_service`]). Such a
+/// node that the rollout never took is skipped, not waited for.
+pub fn left_out(node: &NodeView) -> Option<(&'static str, String)> {
+    if !node.ready {
+        return Some(("NodeNotReady", "the node is not Ready".into()));
+    }
+    out_of_service(node).map(|why| ("NodeOutOfService", why))
+}
+
+/// Whether planning may take `node`: its agent may be replaced now and
+/// nothing says the node is out of service ([`left_out`]); `Err`: the
+/// reason (CamelCase) and why.
+pub fn plannable(node: &NodeView, placement: &Placement) -> Result<(), (&'static str, String)> {
+    let eligible = eligibility(node, placement);
+    if matches!(eligible, Eligibility::NotSelected) {
+        return Err((eligible.reason(), eligible.to_string()));
+    }
+    if let Some(left) = left_out(node) {
+        return Err(left);
+    }
+    match eligible {
+        Eligibility::Eligible => Ok(()),
+        e => Err((e.reason(), e.to_string())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube_core::{Selector, SelectorExt};
 
-use crate::eligibility::eligibility;
+use crate::eligibility::plannable;
 use crate::views::{NodesByName, Placement, PodsByNode, live_pods};
 
 /// A node that runs (or should run) the target DaemonSet's agent.
@@ -67,12 +67,13 @@ pub fn candidate_count(nodes: &NodesByName, pods: &PodsByNode, placement: &Place
     nodes
         .values()
         .filter(|n| live_pods(pods, n.name).next().is_some())
-        .filter(|n| eligibility(n, placement).is_eligible())
+        .filter(|n| plannable(n, placement).is_ok())
         .count()
 }
 
 /// The nodes a stage may take: every node whose agent the operator may
-/// replace now (see [`crate::eligibility`]) and that runs a live agent pod,
+/// replace now and that is not going out of service (see
+/// [`crate::eligibility::plannable`]) and that runs a live agent pod,
 /// sorted by name. A node where the DaemonSet has no pod yet is not a
 /// candidate: its pod comes from the DaemonSet controller, on the current
 /// template, and is judged as a node joining the rollout.
@@ -85,7 +86,7 @@ pub fn candidates(
 ) -> Vec<Candidate> {
     nodes
         .values()
-        .filter(|n| eligibility(n, placement).is_eligible())
+        .filter(|n| plannable(n, placement).is_ok())
         .filter_map(|n| {
             let mut live = live_pods(pods, n.name).peekable();
             live.peek()?;

@@ -107,6 +107,17 @@ pub struct SafeRolloutStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disrupted_nodes: Vec<String>,
 
+    /// Nodes of the DaemonSet that the rollout of the target revision left
+    /// out of its plan, and why: NotReady, a taint the agent does not
+    /// tolerate, or going out of service (cordoned, an autoscaler's or
+    /// Karpenter's scale-down, out-of-service, shutdown). They are not
+    /// replaced or judged and do not count in `maxUnavailable`; one that
+    /// recovers is planned again. At most 20, sorted by node; the
+    /// `Progressing` message gives the count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_node)]
+    pub skipped_nodes: Vec<NodeNote>,
+
     /// Nodes the operator cannot bring to the desired revision and why (a
     /// NotReady node it refuses to empty, an agent that does not become Ready
     /// within the deadline). At most 20, sorted by node.

@@ -41,6 +41,8 @@ mod stage;
 #[cfg(test)]
 mod fleet_tests;
 #[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
 mod model;
 #[cfg(test)]
 mod properties;

@@ -41,6 +41,10 @@ struct Survey<'a> {
     pending: Vec<NodeNote>,
     /// Nodes not covered now that still run another revision: never emptied.
     blocked: Vec<NodeNote>,
+    /// Nodes the rollout never took that are NotReady or going out of
+    /// service, with another revision: left as they are, not waited for
+    /// (brought back once they return), named in `status.skippedNodes`.
+    skipped: Vec<NodeNote>,
     covered: usize,
     converged: usize,
 }
@@ -61,6 +65,7 @@ fn survey<'a>(
     st: &SafeRolloutStatus,
     ds: &DaemonSetView,
     stable: &str,
+    reverted: bool,
 ) -> Survey<'a> {
     let touched = touched(st);
     let quarantined = super::quarantined_nodes(st);
@@ -68,6 +73,24 @@ fn survey<'a>(
     for node in o.nodes.values() {
         let live: Vec<_> = live_pods(o.pods, node.name).collect();
         let off: Vec<_> = live.iter().filter(|p| p.revision != stable).collect();
+        // Out of service by no doing of the rollout, which never took it:
+        // what it runs was not put there by the rollout, so it is left as
+        // it is (a revert still brings back what it can reach).
+        if let (Some(p), Some((reason, why))) = (off.first(), crate::eligibility::left_out(node))
+            && !touched.contains(node.name)
+            && !reverted
+            && crate::eligibility::is_selected(node, &ds.placement)
+        {
+            s.skipped.push(NodeNote {
+                node: node.name.to_string(),
+                reason: reason.to_string(),
+                message: format!(
+                    "{why}; runs revision {}, brought to revision {stable} once it is back",
+                    p.revision
+                ),
+            });
+            continue;
+        }
         let elig = eligibility(node, &ds.placement);
         if !elig.is_eligible() {
             // A quarantined node is out of service on purpose: left alone.
@@ -153,7 +176,8 @@ pub(super) fn settle(
     } else {
         BTreeSet::new()
     };
-    let s = survey(o, st, ds, stable);
+    let s = survey(o, st, ds, stable, reverted);
+    st.skipped_nodes = s.skipped.iter().take(MAX_STUCK).cloned().collect();
     let unavailable = replace::unavailable(o, ds, stable, &touched(st), &exempt, &BTreeSet::new());
     let pods = replace::deletions(
         o.pods,
@@ -269,6 +293,16 @@ pub(super) fn settle(
             format!("revision {target} was reverted; every node runs revision {stable}: {reason}");
         // Degraded stays True (set when the gate failed) until a new revision or a retry.
         phase::stalled(st, o, Phase::Degraded, "RolledBack", msg);
+        return None;
+    }
+    if !s.skipped.is_empty() {
+        let names: Vec<String> = s.skipped.iter().map(|n| n.node.clone()).collect();
+        let msg = format!(
+            "every node runs revision {stable} but {} skipped while NotReady or going out of service ({}; see status.skippedNodes), brought to it once back",
+            s.skipped.len(),
+            list_some(&names)
+        );
+        phase::succeeded(st, o, msg);
         return None;
     }
     phase::succeeded(st, o, format!("every node runs revision {stable}"));

@@ -85,6 +85,7 @@ pub(super) fn roll(
         }
     };
     let labelled = sync_labels(o, st, actions, index);
+    let skipped = record_skipped(o, st, ds);
 
     // Every node the rollout holds now, and their baselines.
     // (Borrowed from the snapshot, not from status, which changes below.)
@@ -240,8 +241,12 @@ pub(super) fn roll(
         }
     }
 
+    let skipped_note = match skipped {
+        0 => String::new(),
+        n => format!(" ({n} node(s) skipped: see status.skippedNodes)"),
+    };
     let progress_msg = format!(
-        "stage {} of {}: rolling out revision {target}",
+        "stage {} of {}: rolling out revision {target}{skipped_note}",
         index + 1,
         stage_specs.len()
     );
@@ -290,6 +295,41 @@ pub(super) fn roll(
         stage_specs.len(),
         target,
     )
+}
+
+/// Most nodes `status.skippedNodes` names.
+const MAX_SKIPPED: usize = 20;
+
+/// `status.skippedNodes`: the DaemonSet's nodes (its placement selects
+/// them) that planning leaves out now, and why; returns how many there are.
+/// Nodes the stages hold are not listed: they are judged, or let go with
+/// their reason in their stage.
+fn record_skipped(o: &Observed, st: &mut SafeRolloutStatus, ds: &DaemonSetView) -> usize {
+    let held: BTreeSet<&str> = st
+        .stages
+        .iter()
+        .flat_map(|s| s.nodes.iter().map(String::as_str))
+        .collect();
+    let mut notes = Vec::new();
+    let mut count = 0;
+    for node in o.nodes.values() {
+        if held.contains(node.name) || !crate::eligibility::is_selected(node, &ds.placement) {
+            continue;
+        }
+        if let Err((reason, why)) = crate::eligibility::plannable(node, &ds.placement) {
+            count += 1;
+            if notes.len() < MAX_SKIPPED {
+                notes.push(NodeNote {
+                    node: node.name.to_string(),
+                    reason: reason.to_string(),
+                    message: format!("{why}; left out of the rollout while so"),
+                });
+            }
+        }
+    }
+    // `o.nodes` is sorted by name.
+    st.skipped_nodes = notes;
+    count
 }
 
 /// What the governing policies let this pass start replacing, of the

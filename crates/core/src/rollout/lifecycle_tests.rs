@@ -1,0 +1,118 @@
+//! Nodes going out of service before or during a rollout (issue 38's
+//! lifecycle-aware budgets), against the model: NotReady, cordoned or being
+//! scaled down, they are left out of the plan with the reason in
+//! `status.skippedNodes`, do not count in `maxUnavailable`, and the rollout
+//! finishes on the others rather than waiting for them.
+
+use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use saferollout_api::{Phase, Stage};
+
+use super::model::{Model, Release};
+use crate::conditions;
+
+fn settled(nodes: usize) -> Model {
+    let mut m = Model::new(nodes);
+    m.run(120);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    m
+}
+
+fn skipped(m: &Model) -> Vec<(String, String)> {
+    m.status
+        .skipped_nodes
+        .iter()
+        .map(|n| (n.node.clone(), n.reason.clone()))
+        .collect()
+}
+
+fn no_violations(m: &Model) {
+    assert!(
+        m.checker.violations.is_empty(),
+        "safety rules broken: {:#?}",
+        m.checker.violations
+    );
+}
+
+#[test]
+fn twenty_nodes_with_four_not_ready_roll_on_the_sixteen_at_ten_percent() {
+    let mut m = settled(20);
+    m.spec.max_unavailable = IntOrString::String("10%".into());
+    m.spec.stages = Some(vec![
+        Stage::new(IntOrString::Int(1)),
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    let down = ["node-03", "node-07", "node-11", "node-15"];
+    for n in down {
+        m.set_node_ready(n, false);
+    }
+    m.run(60);
+    m.write_revision("v2", Release::Healthy);
+    m.run(1800);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"), "every Ready node on v2");
+    let names: Vec<(String, String)> = down
+        .iter()
+        .map(|n| (n.to_string(), "NodeNotReady".to_string()))
+        .collect();
+    assert_eq!(skipped(&m), names);
+    let held: usize = m.status.stages.iter().map(|s| s.nodes.len()).sum();
+    assert_eq!(held, 16);
+    no_violations(&m);
+}
+
+#[test]
+fn a_cordoned_node_or_a_scale_down_candidate_is_left_out() {
+    let mut m = settled(4);
+    // Both taints are ones daemon pods run under: a cordon's is tolerated
+    // by every daemon pod, a scale-down candidate's only prefers.
+    m.cluster.taint(
+        "node-01",
+        Taint {
+            key: "node.kubernetes.io/unschedulable".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        },
+    );
+    m.cluster.taint(
+        "node-02",
+        Taint {
+            key: "DeletionCandidateOfClusterAutoscaler".into(),
+            value: Some("1700000000".into()),
+            effect: "PreferNoSchedule".into(),
+            ..Default::default()
+        },
+    );
+    m.write_revision("v2", Release::Healthy);
+    m.run(900);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert_eq!(
+        skipped(&m),
+        [
+            ("node-01".to_string(), "NodeOutOfService".to_string()),
+            ("node-02".to_string(), "NodeOutOfService".to_string()),
+        ]
+    );
+    assert!(
+        m.status.skipped_nodes[0].message.contains("cordoned")
+            && m.status.skipped_nodes[1].message.contains("scale-down"),
+        "{:?}",
+        m.status.skipped_nodes
+    );
+    // Their agents were left alone; the other two were replaced.
+    let on = |node: &str| {
+        m.cluster
+            .pods
+            .values()
+            .filter(|p| p.node == node)
+            .map(|p| p.revision.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(on("node-01"), ["v1"]);
+    assert_eq!(on("node-02"), ["v1"]);
+    assert_eq!(on("node-00"), ["v2"]);
+    assert_eq!(on("node-03"), ["v2"]);
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.status, "True");
+    no_violations(&m);
+}
