@@ -9,7 +9,7 @@ use crate::output::OutputFormat;
 
 const ABOUT: &str = "Staged, gated rollouts of device-plugin and DRA-driver DaemonSets: \
 lint manifests offline, watch and plan SafeRollouts, approve, pause, resume, retry or abort them, \
-and inventory a cluster's accelerator agents.";
+inventory a cluster's accelerator agents, and show the fleet policies that govern rollouts together.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -27,6 +27,9 @@ Examples:
 
   # What the cluster has: versions, DRA APIs, nodes, agents, devices, warnings
   kubectl saferollout -n gpu inventory --target nvidia-device-plugin
+
+  # Fleet policies: who holds the disruption budget, who waits and why, the next window
+  kubectl saferollout policy gpu-node-stack
 
 Exit status: 0 success; 1 lint found an Error, an object is missing or an action does not apply;
 2 usage, kubeconfig or connection error.";
@@ -143,6 +146,21 @@ Examples:
   kubectl saferollout -n gpu inventory
   kubectl saferollout -n gpu inventory --target nvidia-device-plugin -o yaml")]
     Inventory(InventoryArgs),
+
+    /// Show SafeRolloutPolicies: limits, windows, ordering, the rollouts each governs and who waits.
+    #[command(after_help = "\
+Examples:
+  kubectl saferollout policy
+  kubectl saferollout policy gpu-node-stack
+  kubectl saferollout policy gpu-node-stack -o json | jq -r '.policies[].rollouts[] | select(.waiting) | .name'
+
+For each policy (cluster-scoped; -n is not used): its Ready condition, maxDisruptedNodes and
+maxConcurrentRollouts, whether a maintenance window is open now and when the next opens (in the
+window's time zone), its ordering rules with the governed rollouts each side matches; then each
+SafeRollout it governs, in every namespace: phase, the reason and message of its Waiting condition
+when the policy holds it back, the nodes it disrupts now; and the distinct nodes disrupted across
+them against maxDisruptedNodes. Exit status: 0 when shown, 1 when the named policy does not exist.")]
+    Policy(PolicyArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -224,6 +242,15 @@ pub struct InventoryArgs {
     pub output: OutputFormat,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
+    /// Name of the SafeRolloutPolicy (default: every policy).
+    pub name: Option<String>,
+    /// Output format: a table for people, JSON or YAML (stable fields) for scripts.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -269,6 +296,23 @@ mod tests {
         ));
         assert!(
             Cli::try_parse_from(["kubectl-saferollout", "status", "foo", "-o", "wide"]).is_err()
+        );
+    }
+
+    #[test]
+    fn policy_name_is_optional() {
+        let cli = Cli::try_parse_from(["kubectl-saferollout", "policy"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Policy(PolicyArgs {
+                name: None,
+                output: OutputFormat::Table
+            })
+        ));
+        let cli =
+            Cli::try_parse_from(["kubectl-saferollout", "policy", "stack", "-o", "json"]).unwrap();
+        assert!(
+            matches!(cli.command, Command::Policy(PolicyArgs { ref name, output: OutputFormat::Json }) if name.as_deref() == Some("stack"))
         );
     }
 

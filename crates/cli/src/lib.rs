@@ -1,7 +1,8 @@
 //! `kubectl saferollout`: a kubectl plugin for SafeRollouts.
 //!
 //! - `lint`: offline checks of DaemonSet and SafeRollout manifests (`saferollout-preflight`);
-//! - `status`, `plan`, `inventory`: read-only views of a rollout and the cluster;
+//! - `status`, `plan`, `inventory`, `policy`: read-only views of a rollout, the
+//!   cluster and the fleet policies governing rollouts together;
 //! - `pause`, `resume`, `approve`, `retry`, `abort`: one write each.
 //!
 //! Every command keeps its decisions and formatting in pure functions

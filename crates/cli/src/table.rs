@@ -92,6 +92,16 @@ pub fn list(items: &[String], max: usize) -> String {
     format!("{} (+{} more)", items[..max].join(", "), items.len() - max)
 }
 
+/// `s` cut to at most `max` characters, ending in `...` when cut (a long
+/// message in a table row; JSON/YAML carry it whole).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let kept: String = s.chars().take(max.saturating_sub(3)).collect();
+    format!("{}...", kept.trim_end())
+}
+
 /// `-` for an empty or absent value.
 pub fn or_dash(s: Option<&str>) -> String {
     match s {
@@ -142,5 +152,14 @@ mod tests {
         assert_eq!(or_dash(Some("")), "-");
         assert_eq!(or_dash(None), "-");
         assert_eq!(or_dash(Some("x")), "x");
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("exactly 10", 10), "exactly 10");
+        assert_eq!(truncate("a bit longer than ten", 10), "a bit l...");
+        assert_eq!(truncate("a bit  longer", 9), "a bit...");
+        assert_eq!(truncate("éééééééééééé", 6), "ééé...");
     }
 }

@@ -1325,3 +1325,117 @@ async fn a_crash_right_after_a_quarantine_taint_write_converges_and_deletion_lea
     assert!(kept.is_empty(), "nodes {kept:?} kept the rollout's label");
     Ok(())
 }
+
+/// Issue 38's lifecycle-aware budget: 20 nodes, 4 of them NotReady before
+/// the release, `maxUnavailable: 10%`. A budget counting the NotReady
+/// nodes' agents as unavailable would never replace anything (NVSentinel
+/// #1764); the rollout instead takes the 16, one at a time (10% of 16),
+/// names the 4 as skipped, leaves their agents alone and succeeds.
+#[tokio::test]
+async fn twenty_nodes_with_four_not_ready_roll_on_the_sixteen_and_name_the_four()
+-> anyhow::Result<()> {
+    let env = setup("lifecycle").await?;
+    let _op = operator(&env, "lifecycle", 3, 0)?;
+    let mut extra = Vec::new();
+    for i in 0..16 {
+        let name: &'static str = Box::leak(format!("sim-gpu-x{i:02}").into_boxed_str());
+        let zone = if i % 2 == 0 { "zone-a" } else { "zone-b" };
+        extra.push(ExtraNode::create(&env.client, name, zone).await?);
+    }
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let down = ["sim-gpu-x01", "sim-gpu-x05", "sim-gpu-x09", "sim-gpu-x13"];
+    let mut not_ready = Vec::new();
+    for n in down {
+        not_ready.push(NotReady::set(&env.client, n).await?);
+    }
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = json!([{"nodes": 1}, {"nodes": "100%"}]);
+    spec["maxUnavailable"] = json!("10%");
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    let adopted = wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns.name);
+    let before = pods
+        .list(&kube::api::ListParams::default().labels("app=plugin"))
+        .await?;
+    let down_uids = support::uids_by_node(before.items.iter());
+    let ready_nodes: Vec<String> = Api::<Node>::all(env.client.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .filter(|n| !down.contains(&n.as_str()))
+        .collect();
+    assert_eq!(ready_nodes.len(), 16);
+    let (samples, sampler) = support::sample_pods(&env.client, &env.ns.name, ready_nodes.clone());
+    let started = Instant::now();
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    let st = wait_status(
+        &env.client,
+        &env.ns.name,
+        "plugin",
+        Duration::from_secs(300),
+        |st| {
+            st.phase == Some(Phase::Succeeded)
+                && st.stable_revision != adopted.stable_revision
+                && st.stable_revision == st.target_revision
+        },
+    )
+    .await?;
+    let took = started.elapsed();
+    sampler.abort();
+    let skipped: Vec<(&str, &str)> = st
+        .skipped_nodes
+        .iter()
+        .map(|n| (n.node.as_str(), n.reason.as_str()))
+        .collect();
+    assert_eq!(
+        skipped,
+        down.iter()
+            .map(|n| (*n, "NodeNotReady"))
+            .collect::<Vec<_>>(),
+        "{st:#?}"
+    );
+    let ready = condition(&st, "Ready").unwrap();
+    assert!(
+        ready.status == "True" && ready.message.contains("4 skipped"),
+        "{ready:?}"
+    );
+    let held: usize = st.stages.iter().map(|s| s.nodes.len()).sum();
+    assert_eq!(held, 16, "{st:#?}");
+    {
+        let samples = samples.lock().unwrap();
+        let (most, when) = samples.max_unavailable(&BTreeSet::new());
+        assert!(most <= 1, "10% of 16 nodes is 1: {most} at once: {when:?}");
+        samples.assert_each_node_got_one(v2, 16);
+    }
+    // The NotReady nodes' agents were left alone.
+    let after = pods
+        .list(&kube::api::ListParams::default().labels("app=plugin"))
+        .await?;
+    let after_uids = support::uids_by_node(after.items.iter());
+    for n in down {
+        assert_eq!(
+            after_uids.get(n),
+            down_uids.get(n),
+            "{n}'s agent was touched"
+        );
+    }
+    eprintln!(
+        "MEASURE 20 nodes, 4 NotReady, maxUnavailable 10%: the 16 rolled in {:.1}s",
+        took.as_secs_f64()
+    );
+    // Back to the 4 nodes the other tests share.
+    drop(not_ready);
+    let names: Vec<&str> = extra.iter().map(|e| e.0).collect();
+    drop(extra);
+    wait_for_all(
+        &Api::<Node>::all(env.client.clone()),
+        watcher::Config::default(),
+        TIMEOUT,
+        |ns| ns.iter().all(|n| !names.contains(&n.name_any().as_str())),
+    )
+    .await?;
+    Ok(())
+}

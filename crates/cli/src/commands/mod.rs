@@ -6,6 +6,7 @@ pub mod drift;
 pub mod inventory;
 pub mod lint;
 pub mod plan;
+pub mod policy;
 pub mod status;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -38,6 +39,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                 Command::Retry(args) => actions::retry(&kube, args).await,
                 Command::Abort(a) => actions::abort(&kube, &a.name).await,
                 Command::Inventory(args) => inventory::run(&kube, args).await,
+                Command::Policy(args) => policy::run(&kube, args).await,
             }
         }
     }

@@ -876,7 +876,15 @@ fn advance(
     if !labelled.is_empty() {
         actions.push(Action::UnlabelNodes { nodes: labelled });
     }
-    let msg = format!("revision {target} rolled out to every node");
+    let msg = match st.skipped_nodes.len() {
+        0 => format!("revision {target} rolled out to every node"),
+        n => {
+            let more = if n >= MAX_SKIPPED { " or more" } else { "" };
+            format!(
+                "revision {target} rolled out to every node but {n}{more} skipped while NotReady or going out of service (see status.skippedNodes), brought to it once back"
+            )
+        }
+    };
     phase::succeeded(st, o, msg.clone());
     phase::event(actions, false, "RolloutSucceeded", msg);
     None
