@@ -106,6 +106,23 @@ pub const PHASES: &[Phase] = &[
     Phase::Failed,
 ];
 
+/// The reasons of the `Waiting` condition (`saferollout_core::fleet`).
+const WAIT_REASONS: &[&str] = &[
+    "FleetBudgetFull",
+    "FleetConcurrencyFull",
+    "FleetOrdering",
+    "MaintenanceWindow",
+    "FleetPolicyInvalid",
+];
+
+/// `saferollout_rollout_waiting`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitingLabels {
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
 /// What a reconcile saw of the nodes, for the per-rollout node gauges.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NodeCounts {
@@ -123,6 +140,13 @@ pub struct Metrics {
     pub stages: Family<RolloutLabels, Gauge>,
     pub nodes_on_target: Family<RolloutLabels, Gauge>,
     pub nodes_in_scope: Family<RolloutLabels, Gauge>,
+    /// `status.skippedNodes` (capped at 20 in status, as status is).
+    pub nodes_skipped: Family<RolloutLabels, Gauge>,
+    /// `status.disruptedNodes`: under a SafeRolloutPolicy.
+    pub nodes_disrupted: Family<RolloutLabels, Gauge>,
+    /// 1 for the reason a SafeRolloutPolicy holds the rollout back, 0 for
+    /// the others; absent when no policy governs it.
+    pub waiting: Family<WaitingLabels, Gauge>,
     pub progress: Family<RolloutLabels, Gauge>,
     pub progress_deadline: Family<RolloutLabels, Gauge>,
     pub gate_result: Family<GateLabels, Gauge>,
@@ -171,6 +195,9 @@ impl Default for Metrics {
             stages: Family::default(),
             nodes_on_target: Family::default(),
             nodes_in_scope: Family::default(),
+            nodes_skipped: Family::default(),
+            nodes_disrupted: Family::default(),
+            waiting: Family::default(),
             progress: Family::default(),
             progress_deadline: Family::default(),
             gate_result: Family::default(),
@@ -243,6 +270,21 @@ impl Default for Metrics {
             "rollout_nodes_in_scope",
             "Nodes the target DaemonSet covers",
             m.nodes_in_scope.clone(),
+        );
+        registry.register(
+            "rollout_nodes_skipped",
+            "Nodes of the DaemonSet the rollout leaves out while they are NotReady or going out of service (status.skippedNodes, at most 20)",
+            m.nodes_skipped.clone(),
+        );
+        registry.register(
+            "rollout_nodes_disrupted",
+            "Nodes where the rollout's agent is being replaced, reverted or failing now (status.disruptedNodes; under a SafeRolloutPolicy)",
+            m.nodes_disrupted.clone(),
+        );
+        registry.register(
+            "rollout_waiting",
+            "1 for the reason a SafeRolloutPolicy holds the rollout back now (FleetBudgetFull, FleetConcurrencyFull, FleetOrdering, MaintenanceWindow, FleetPolicyInvalid), 0 for the others",
+            m.waiting.clone(),
         );
         registry.register(
             "rollout_progress_timestamp_seconds",
@@ -375,6 +417,10 @@ impl Metrics {
         self.nodes_in_scope
             .get_or_create(&l)
             .set(nodes.in_scope as i64);
+        self.nodes_skipped
+            .get_or_create(&l)
+            .set(st.skipped_nodes.len() as i64);
+        self.observe_fleet(namespace, name, st);
         match &st.progress {
             Some(p) => {
                 self.progress
@@ -456,7 +502,42 @@ impl Metrics {
     }
 
     /// Drops a deleted SafeRollout's gauges.
+    /// The fleet gauges: present while a SafeRolloutPolicy governs the
+    /// rollout (its status has the `Waiting` condition).
+    fn observe_fleet(&self, namespace: &str, name: &str, st: &SafeRolloutStatus) {
+        let l = labels(namespace, name);
+        let Some(waiting) = st.condition(saferollout_api::CONDITION_WAITING) else {
+            self.forget_fleet(namespace, name);
+            return;
+        };
+        self.nodes_disrupted
+            .get_or_create(&l)
+            .set(st.disrupted_nodes.len() as i64);
+        for reason in WAIT_REASONS {
+            let held = waiting.status == "True" && waiting.reason == *reason;
+            self.waiting
+                .get_or_create(&WaitingLabels {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    reason: (*reason).into(),
+                })
+                .set(i64::from(held));
+        }
+    }
+
+    fn forget_fleet(&self, namespace: &str, name: &str) {
+        self.nodes_disrupted.remove(&labels(namespace, name));
+        for reason in WAIT_REASONS {
+            self.waiting.remove(&WaitingLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                reason: (*reason).into(),
+            });
+        }
+    }
+
     pub fn forget(&self, namespace: &str, name: &str) {
+        self.forget_fleet(namespace, name);
         let l = labels(namespace, name);
         for p in PHASES {
             self.phase.remove(&PhaseLabels {
@@ -471,6 +552,7 @@ impl Metrics {
             &self.stages,
             &self.nodes_on_target,
             &self.nodes_in_scope,
+            &self.nodes_skipped,
             &self.progress,
             &self.progress_deadline,
         ] {

@@ -22,6 +22,9 @@
 //!   progresses: while the DaemonSet carries it no pod is replaced, no
 //!   template written, no label changed; Quarantine keeps the budget (the
 //!   failed nodes are not exempt from it, since nothing reverts them).
+//! - a SafeRolloutPolicy starting or stopping to govern the rollout at any
+//!   point (a budget another rollout holds, an ordering on some nodes) only
+//!   holds nodes back: every rule above still holds;
 //! - with a probe gate: no stage passes unless every probe it made passed
 //!   and every canary node was probed; a probe pod is deleted once its stage
 //!   is over (within the passes the caches need to show it).
@@ -55,6 +58,16 @@ enum Fault {
     Abort,
     /// A person retries the last blocked revision.
     Retry,
+    /// A SafeRolloutPolicy starts governing the rollout (or changes):
+    /// another rollout disrupts these nodes under this budget, and the
+    /// rollout waits on a predecessor on these nodes.
+    FleetHold {
+        max_disrupted_nodes: usize,
+        others: Vec<usize>,
+        ordered: Vec<usize>,
+    },
+    /// The policy no longer governs it.
+    FleetRelease,
 }
 
 #[derive(Debug, Clone)]
@@ -109,6 +122,17 @@ fn fault() -> impl Strategy<Value = Fault> {
         1 => Just(Fault::RevertTemplate),
         1 => Just(Fault::Abort),
         1 => Just(Fault::Retry),
+        2 => (
+            1usize..4,
+            prop::collection::vec(0usize..16, 0..3),
+            prop::collection::vec(0usize..16, 0..3)
+        )
+            .prop_map(|(max_disrupted_nodes, others, ordered)| Fault::FleetHold {
+                max_disrupted_nodes,
+                others,
+                ordered,
+            }),
+        2 => Just(Fault::FleetRelease),
     ]
 }
 
@@ -307,6 +331,25 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
                         .last()
                         .map(|b| b.revision.clone())
                 }
+                Fault::FleetHold {
+                    max_disrupted_nodes,
+                    others,
+                    ordered,
+                } => {
+                    let names = |idx: &[usize]| -> Vec<String> {
+                        idx.iter().filter_map(|i| node_name(&m, *i)).collect()
+                    };
+                    m.fleet = Some(super::model::FleetModel {
+                        max_disrupted_nodes: Some(*max_disrupted_nodes),
+                        others: vec![("gpu/driver".into(), names(others))],
+                        windows: Vec::new(),
+                        waits_for: names(ordered)
+                            .into_iter()
+                            .map(|n| (n, "gpu/driver".to_string()))
+                            .collect(),
+                    });
+                }
+                Fault::FleetRelease => m.fleet = None,
             }
         }
         let lag = Lag {
@@ -332,7 +375,12 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
             m.status
         );
     }
-    // The faults stop: every node Ready again, caches catch up.
+    // The faults stop: every node Ready again, caches catch up, no policy
+    // holds anything (a policy left governing still lets it finish).
+    if let Some(f) = m.fleet.as_mut() {
+        f.others.clear();
+        f.waits_for.clear();
+    }
     let names: Vec<String> = m.cluster.nodes.keys().cloned().collect();
     for n in &names {
         m.set_node_ready(n, true);
