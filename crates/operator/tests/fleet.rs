@@ -77,6 +77,8 @@ struct Env {
     driver_resource: String,
     plugin_resource: String,
     dra_driver: String,
+    /// The operator's metrics port (127.0.0.1).
+    metrics_port: u16,
     _class: ClusterObject,
     _policy: Option<ClusterObject>,
 }
@@ -101,7 +103,8 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
     Api::<DeviceClass>::all(client.clone())
         .create(&PostParams::default(), &class)
         .await?;
-    let mut args = support::operator_args(&ns.name, "127.0.0.1:0", 3);
+    let metrics_port = support::free_loopback_port()?;
+    let mut args = support::operator_args(&ns.name, &format!("127.0.0.1:{metrics_port}"), 3);
     args.push("--fleet-policies=true".into());
     let op = support::Operator::start(
         Identity::Impersonate(c.kubeconfig(), OPERATOR_SA),
@@ -114,6 +117,7 @@ async fn setup(name: &str) -> anyhow::Result<Env> {
         plugin_resource: format!("example.com/gpu-{}", ns.name),
         _class: ClusterObject::new("deviceclass", &dra_driver),
         dra_driver,
+        metrics_port,
         _policy: None,
         ns,
         client,
@@ -614,6 +618,31 @@ async fn a_release_waits_for_its_window_and_a_revert_outside_one_is_not_held() -
         .and_then(|rs| rs.iter().find(|r| r["name"] == Agent::Plugin.name()))
         .unwrap_or_else(|| panic!("the plugin among the governed: {out}"));
     assert_eq!(plugin["waiting"]["reason"], "MaintenanceWindow", "{out}");
+    // And the metrics: the plugin waits on the window, the driver on nothing.
+    let (code, metrics) = support::http_get(env.metrics_port, "/metrics")?;
+    assert_eq!(code, 200);
+    let series = |name: &str, reason: &str| {
+        format!(
+            "saferollout_rollout_waiting{{namespace=\"{}\",name=\"{name}\",reason=\"{reason}\"}} ",
+            env.ns.name
+        )
+    };
+    let value = |line: String| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&line))
+            .map(|l| l[line.len()..].trim().to_string())
+    };
+    assert_eq!(
+        value(series(Agent::Plugin.name(), "MaintenanceWindow")).as_deref(),
+        Some("1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(series(Agent::Driver.name(), "MaintenanceWindow")).as_deref(),
+        Some("0"),
+        "{metrics}"
+    );
     assert_eq!(p["rollouts"].as_array().map(Vec::len), Some(3), "{out}");
     // Inside it: the release starts and succeeds; nothing of it before.
     support::wait_status(

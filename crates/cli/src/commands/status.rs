@@ -86,6 +86,11 @@ pub struct StatusReport {
     pub progress: Option<ProgressReport>,
     /// Nodes the operator cannot bring to the desired revision, with why.
     pub stuck_nodes: Vec<NodeReport>,
+    /// Nodes the rollout leaves out while NotReady or going out of service.
+    pub skipped_nodes: Vec<NodeReport>,
+    /// Under a SafeRolloutPolicy: where its agent is being replaced,
+    /// reverted or failing now (its share of the policy's budget).
+    pub disrupted_nodes: Vec<String>,
     /// `spec.onFailure`: Revert, Quarantine or Halt.
     pub on_failure: String,
     /// Set when a gate failure stopped the rollout (Quarantine or Halt).
@@ -335,6 +340,8 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
             last_progress_time: timestamp(p.last_progress_time.0),
         }),
         stuck_nodes: node_reports(&st.stuck_nodes),
+        skipped_nodes: node_reports(&st.skipped_nodes),
+        disrupted_nodes: st.disrupted_nodes.clone(),
         on_failure: spec.on_failure.as_str().to_string(),
         stopped: st.stopped.as_ref().map(|s| StoppedReport {
             revision: s.revision.clone(),
@@ -531,6 +538,14 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
         attention.row([
             n.node.clone(),
             "-".into(),
+            n.reason.clone(),
+            n.message.clone(),
+        ]);
+    }
+    for n in &st.skipped_nodes {
+        attention.row([
+            n.node.clone(),
+            "- (skipped)".into(),
             n.reason.clone(),
             n.message.clone(),
         ]);
@@ -762,6 +777,12 @@ mod tests {
                 "UntoleratedTaint",
                 "runs revision bad123; not replaced",
             )],
+            skipped_nodes: vec![note(
+                "node-z",
+                "NodeOutOfService",
+                "the node is cordoned (spec.unschedulable)",
+            )],
+            disrupted_nodes: vec!["node-a".into()],
             stages: vec![StageStatus {
                 index: 0,
                 skipped: vec![note("node-y", "NodeDeleted", "the node left the cluster")],
@@ -783,11 +804,16 @@ mod tests {
             "1/4 (let go)",
             "node-a",
             "AgentFailedGate",
+            "node-z",
+            "- (skipped)",
+            "NodeOutOfService",
         ] {
             assert!(text.contains(want), "{want} missing in {text}");
         }
         let json = serde_json::to_value(report(&sr)).unwrap();
         assert_eq!(json["stuckNodes"][0]["node"], "node-x");
+        assert_eq!(json["skippedNodes"][0]["reason"], "NodeOutOfService");
+        assert_eq!(json["disruptedNodes"][0], "node-a");
         assert_eq!(json["progress"]["nodes"], 3);
         assert_eq!(json["stages"][0]["skipped"][0]["reason"], "NodeDeleted");
         assert_eq!(json["stages"][0]["failedNodes"][0], "node-a");
@@ -955,7 +981,7 @@ mod tests {
                 "message": "allocatable gate failed", "lastTransitionTime": "2025-01-01T00:09:30Z"}],
             "blockedRevisions": [{"revision": "bad123", "reason": "GateFailed", "message": "0 GPUs",
                 "blockedAt": "2025-01-01T00:09:30Z"}],
-            "progress": null, "stuckNodes": [],
+            "progress": null, "stuckNodes": [], "skippedNodes": [], "disruptedNodes": [],
             "onFailure": "Revert", "stopped": null,
         });
         assert_eq!(got, want, "{text}");
