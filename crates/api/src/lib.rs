@@ -67,8 +67,8 @@ pub use policy::{
 };
 pub use quantity::{count_of, quantity_count};
 pub use spec::{
-    Canary, Preflight, PreflightPolicy, SafeRollout, SafeRolloutSpec, Stage, TargetRef,
-    default_stages,
+    Canary, CircuitBreaker, Preflight, PreflightPolicy, SafeRollout, SafeRolloutSpec, Stage,
+    TargetRef, default_stages,
 };
 pub use status::{
     AppliedTemplate, BlockedRevision, GateResult, GateStatus, LastGoodTemplate, Measurements,

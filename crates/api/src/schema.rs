@@ -38,6 +38,8 @@ pub const MSG_TARGET_IMMUTABLE: &str =
     "targetRef.name is immutable: create a new SafeRollout to target another DaemonSet";
 /// Message of the rule on `spec.stages[].nodes`.
 pub const MSG_STAGE_NODES: &str = "stages[].nodes must be a positive node count or a percentage between 1% and 100% (e.g. 1, 5, \"10%\")";
+/// Message of the rule on `spec.circuitBreaker.maxNotReadyNodes`.
+pub const MSG_MAX_NOT_READY_NODES: &str = "circuitBreaker.maxNotReadyNodes must be a positive node count or a percentage between 1% and 100% (e.g. 2, \"10%\")";
 /// Message of the rule on `spec.maxUnavailable`.
 pub const MSG_MAX_UNAVAILABLE: &str = "maxUnavailable must be a positive pod count or a percentage between 1% and 100% (e.g. 1, \"10%\")";
 
@@ -187,6 +189,13 @@ pub(crate) fn stage_soak(_: &mut SchemaGenerator) -> Schema {
 
 pub(crate) fn max_unavailable(_: &mut SchemaGenerator) -> Schema {
     int_or_string(vec![rule(&count_or_percent_rule(), MSG_MAX_UNAVAILABLE)])
+}
+
+pub(crate) fn max_not_ready_nodes(_: &mut SchemaGenerator) -> Schema {
+    int_or_string(vec![rule(
+        &count_or_percent_rule(),
+        MSG_MAX_NOT_READY_NODES,
+    )])
 }
 
 pub(crate) fn progress_deadline(_: &mut SchemaGenerator) -> Schema {

@@ -107,6 +107,11 @@ pub struct SafeRolloutSpec {
     #[schemars(schema_with = "schema::progress_deadline")]
     pub progress_deadline: DurationString,
 
+    /// The circuit breaker on nodes going NotReady during a rollout. Absent:
+    /// `maxNotReadyNodes: 10%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreaker>,
+
     /// Health gates judged after each stage. podsReady is always judged, even
     /// when this field is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +152,35 @@ fn spec_rules(s: &mut schemars::Schema) {
 
 fn is_revert(p: &OnFailure) -> bool {
     *p == OnFailure::Revert
+}
+
+/// Nodes going NotReady during a rollout: more than `maxNotReadyNodes` of
+/// them stop it. Among the nodes whose agent the rollout replaced, that is a
+/// failure of the release (reverted, or as `onFailure` says); among the
+/// others, the rollout holds (nothing more is replaced) until enough of
+/// them are Ready again, since a zone or a rack going down is not the
+/// release's doing but is no time to go on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreaker {
+    /// A count (at least 1) or a percentage of the nodes the DaemonSet
+    /// selects (rounded down, at least 1); the breaker opens when more than
+    /// this many are NotReady.
+    #[serde(default = "default_max_not_ready_nodes")]
+    #[schemars(schema_with = "schema::max_not_ready_nodes")]
+    pub max_not_ready_nodes: IntOrString,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self {
+            max_not_ready_nodes: default_max_not_ready_nodes(),
+        }
+    }
+}
+
+fn default_max_not_ready_nodes() -> IntOrString {
+    IntOrString::String("10%".into())
 }
 
 /// Preflight checks before stage 1.
@@ -262,6 +296,7 @@ impl SafeRolloutSpec {
             stages: None,
             max_unavailable: default_max_unavailable(),
             progress_deadline: default_progress_deadline(),
+            circuit_breaker: None,
             gates: None,
             paused: false,
             preflight: None,
@@ -472,6 +507,14 @@ impl Validate for SafeRolloutSpec {
         }
         if !is_count_or_percent(&self.max_unavailable) {
             errors.push(format!("{path}.maxUnavailable"), MSG_MAX_UNAVAILABLE);
+        }
+        if let Some(cb) = &self.circuit_breaker
+            && !is_count_or_percent(&cb.max_not_ready_nodes)
+        {
+            errors.push(
+                format!("{path}.circuitBreaker.maxNotReadyNodes"),
+                schema::MSG_MAX_NOT_READY_NODES,
+            );
         }
         errors.check_duration(
             &format!("{path}.progressDeadline"),

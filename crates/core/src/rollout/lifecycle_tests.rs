@@ -116,3 +116,104 @@ fn a_cordoned_node_or_a_scale_down_candidate_is_left_out() {
     assert_eq!(ready.status, "True");
     no_violations(&m);
 }
+
+/// Passes a second apart until `done` holds (at most `max`).
+fn until(m: &mut Model, max: usize, done: impl Fn(&Model) -> bool) {
+    for _ in 0..max {
+        if done(m) {
+            return;
+        }
+        m.one_reconcile();
+    }
+    assert!(done(m), "not reached in {max} passes: {:#?}", m.status);
+}
+
+fn v2_ready_on(m: &Model) -> Vec<String> {
+    m.cluster
+        .pods
+        .values()
+        .filter(|p| p.revision == "v2" && p.ready)
+        .map(|p| p.node.clone())
+        .collect()
+}
+
+#[test]
+fn nodes_going_not_ready_with_the_new_agent_trip_the_breaker_and_revert() {
+    let mut m = settled(8);
+    m.spec.stages = Some(vec![
+        Stage::new(IntOrString::Int(4)),
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    m.spec.max_unavailable = IntOrString::Int(4);
+    m.write_revision("v2", Release::Healthy);
+    until(&mut m, 300, |m| v2_ready_on(m).len() == 4);
+    // Two of the four go NotReady with v2 on them: more than 10% of 8
+    // (rounded down, at least 1).
+    let down = v2_ready_on(&m);
+    m.set_node_ready(&down[0], false);
+    m.set_node_ready(&down[1], false);
+    until(&mut m, 60, |m| !m.status.blocked_revisions.is_empty());
+    let blocked = &m.status.blocked_revisions[0];
+    assert_eq!(blocked.reason, "NodesNotReadyAfterReplacement");
+    assert!(
+        blocked.message.contains(&down[0]) && blocked.message.contains(&down[1]),
+        "{}",
+        blocked.message
+    );
+    m.set_node_ready(&down[0], true);
+    m.set_node_ready(&down[1], true);
+    m.run(900);
+    assert!(m.all_on("v1"), "reverted: {:#?}", m.cluster.pods);
+    no_violations(&m);
+}
+
+#[test]
+fn nodes_going_not_ready_elsewhere_hold_the_rollout_until_they_are_back() {
+    let mut m = settled(10);
+    m.spec.stages = Some(vec![
+        Stage::new(IntOrString::Int(1)),
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    m.write_revision("v2", Release::Healthy);
+    until(&mut m, 300, |m| v2_ready_on(m).len() == 1);
+    let canary = v2_ready_on(&m)[0].clone();
+    let others: Vec<String> = m
+        .cluster
+        .nodes
+        .keys()
+        .filter(|n| **n != canary)
+        .take(2)
+        .cloned()
+        .collect();
+    for n in &others {
+        m.set_node_ready(n, false);
+    }
+    // Held: far past the progress deadline, nothing more replaced.
+    for _ in 0..900 {
+        m.one_reconcile();
+    }
+    assert!(
+        m.cluster.pods_on("v2") <= 2,
+        "replaced while held: {:#?}",
+        m.cluster.pods
+    );
+    assert!(m.status.blocked_revisions.is_empty(), "{:#?}", m.status);
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.reason, "CircuitBreakerOpen", "{ready:?}");
+    let opened = m
+        .actions_log
+        .iter()
+        .filter(
+            |a| matches!(a, super::Action::Event { reason, .. } if reason == "CircuitBreakerOpen"),
+        )
+        .count();
+    assert_eq!(opened, 1, "one Warning Event when it opens");
+    // Back: the rollout finishes.
+    for n in &others {
+        m.set_node_ready(n, true);
+    }
+    m.run(1800);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}

@@ -31,6 +31,7 @@
 //! - a blocked revision is never rolled, and the last good template is backed
 //!   up before anything changes.
 
+mod breaker;
 mod devices;
 mod gitops;
 mod phase;

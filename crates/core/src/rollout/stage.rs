@@ -26,6 +26,7 @@ use saferollout_api::{
     Phase, PreflightPolicy, SafeRolloutStatus, Stage, StageState, StageStatus, resolve_count,
 };
 
+use super::breaker::{self, Breaker};
 use super::{
     Action, Observed, approval_value, devices, labelled_nodes, max_unavailable, phase,
     progress_deadline, record_progress, replace,
@@ -132,13 +133,23 @@ pub(super) fn roll(
         .fleet
         .map(|f| admit_fleet(o, st, f, &to_replace, &labelled));
     fleet.held = admitted.as_ref().and_then(|a| a.held.clone());
-    // Held by a policy, the stage is not stuck: its deadline counts from
-    // when the hold ends (a new subject restarts the clock), and a wait
-    // longer than the deadline fails nothing.
-    let held_by = if fleet.held.is_some() {
-        " (held by a SafeRolloutPolicy)"
-    } else {
-        ""
+    let breaker = breaker::judge(o, st, ds, target);
+    // Why nothing (more) is started now: the breaker, else a policy.
+    let hold: Option<(&str, String)> = match &breaker {
+        Breaker::Open { message } => Some((breaker::OPEN, message.clone())),
+        _ => fleet.held.as_ref().map(|h| (h.reason, h.message.clone())),
+    };
+    if matches!(breaker, Breaker::Open { .. }) && !held_for(st, breaker::OPEN) {
+        let message = hold.as_ref().map(|h| h.1.clone()).unwrap_or_default();
+        phase::event(actions, true, breaker::OPEN, message);
+    }
+    // Held, the stage is not stuck: its deadline counts from when the hold
+    // ends (a new subject restarts the clock), and a wait longer than the
+    // deadline fails nothing.
+    let held_by = match &hold {
+        Some((reason, _)) if *reason == breaker::OPEN => " (held by the circuit breaker)",
+        Some(_) => " (held by a SafeRolloutPolicy)",
+        None => "",
     };
     let without_progress = record_progress(
         st,
@@ -146,7 +157,7 @@ pub(super) fn roll(
         on_target_ready,
         o,
     );
-    let without_progress = if fleet.held.is_some() {
+    let without_progress = if hold.is_some() {
         Duration::ZERO
     } else {
         without_progress
@@ -191,7 +202,14 @@ pub(super) fn roll(
         message: format!("aborted by a person ({ABORT_ANNOTATION}={target})"),
         ..Default::default()
     });
-    if let Some(failure) = aborted.or_else(|| gates::first_failure(&verdicts).cloned()) {
+    let tripped = match &breaker {
+        Breaker::Tripped(result) => Some(result.clone()),
+        _ => None,
+    };
+    if let Some(failure) = aborted
+        .or(tripped)
+        .or_else(|| gates::first_failure(&verdicts).cloned())
+    {
         fail_stage(o, st, actions, stage_pos, target, &failure, &verdicts);
         return None;
     }
@@ -219,6 +237,7 @@ pub(super) fn roll(
         .copied()
         .filter(|n| !violating.contains(*n) && labelled.contains(*n))
         .filter(|n| admitted.as_ref().is_none_or(|a| a.nodes.contains(n)))
+        .filter(|_| !matches!(breaker, Breaker::Open { .. }))
         .collect();
     if !replaceable.is_empty() {
         let held: BTreeSet<&str> = rollout_nodes
@@ -250,13 +269,13 @@ pub(super) fn roll(
         index + 1,
         stage_specs.len()
     );
-    match &fleet.held {
-        Some(held) => phase::working(
+    match &hold {
+        Some((reason, message)) => phase::working(
             st,
             o,
             Phase::Progressing,
-            held.reason,
-            format!("{progress_msg}; {}", held.message),
+            reason,
+            format!("{progress_msg}; {message}"),
         ),
         None => phase::working(st, o, Phase::Progressing, "RollingOut", progress_msg),
     }
@@ -280,8 +299,8 @@ pub(super) fn roll(
         } else {
             recheck
         };
-        return Some(match &fleet.held {
-            Some(_) => recheck.min(FLEET_RECHECK),
+        return Some(match &hold {
+            Some(_) => recheck.min(HOLD_RECHECK),
             None => recheck,
         });
     }
@@ -457,8 +476,14 @@ fn note(list: &mut Vec<NodeNote>, node: &str, reason: &str, message: String) {
     list.sort_by(|a, b| a.node.cmp(&b.node));
 }
 
-/// How often a stage held by a SafeRolloutPolicy looks again.
-const FLEET_RECHECK: Duration = Duration::from_secs(5);
+/// How often a stage held by a SafeRolloutPolicy or the circuit breaker
+/// looks again.
+const HOLD_RECHECK: Duration = Duration::from_secs(5);
+
+/// The rollout's Ready condition says it is held for `reason` already.
+fn held_for(st: &SafeRolloutStatus, reason: &str) -> bool {
+    conditions::get(&st.conditions, conditions::READY).is_some_and(|c| c.reason == reason)
+}
 
 /// How often a stage that waits for a planned node's baseline evidence looks
 /// again (the node is not held yet, so its status writes wake nobody).
