@@ -1439,3 +1439,57 @@ async fn twenty_nodes_with_four_not_ready_roll_on_the_sixteen_and_name_the_four(
     .await?;
     Ok(())
 }
+
+/// The circuit breaker: the two canary nodes go NotReady with the new
+/// agent on them, more than `maxNotReadyNodes` (10% of 4, at least 1): the
+/// release is blocked (`NodesNotReadyAfterReplacement`) and reverted, where
+/// a single node going so is let go (the test above).
+#[tokio::test]
+async fn two_nodes_going_not_ready_with_the_new_agent_trip_the_circuit_breaker()
+-> anyhow::Result<()> {
+    let env = setup("breaker").await?;
+    let _op = operator(&env, "breaker", 3, 0)?;
+    let (v1, v2) = ("registry.example/plugin:v1", "registry.example/plugin:v2");
+    create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
+    let mut spec = support::default_spec(&env.resource, v1);
+    spec["stages"] = json!([{"nodes": 2, "pause": true}, {"nodes": "100%"}]);
+    spec["maxUnavailable"] = json!(2);
+    create_rollout(&env.client, &env.ns.name, "plugin", spec).await?;
+    wait_adopted(&env.client, &env.ns.name, "plugin").await?;
+    set_template(&env, agent_template(&env.resource, v2)).await?;
+    let paused = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Paused)
+    })
+    .await?;
+    let canaries: Vec<&'static str> = paused.stages[0]
+        .nodes
+        .iter()
+        .map(|n| &*Box::leak(n.clone().into_boxed_str()))
+        .collect();
+    assert_eq!(canaries.len(), 2);
+    let mut down = Vec::new();
+    for n in &canaries {
+        down.push(NotReady::set(&env.client, n).await?);
+    }
+    let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        !st.blocked_revisions.is_empty()
+    })
+    .await?;
+    let blocked = &st.blocked_revisions[0];
+    assert_eq!(blocked.reason, "NodesNotReadyAfterReplacement", "{st:#?}");
+    for n in &canaries {
+        assert!(blocked.message.contains(n), "{}", blocked.message);
+    }
+    // The nodes come back: every agent is back on v1.
+    drop(down);
+    for n in &canaries {
+        wait_node_ready(&env.client, n).await?;
+    }
+    wait_agents(&env.client, &env.ns.name, v1).await?;
+    wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
+        st.phase == Some(Phase::Degraded)
+            && condition(st, "Progressing").is_some_and(|c| c.reason == "RolledBack")
+    })
+    .await?;
+    Ok(())
+}

@@ -1100,6 +1100,9 @@ pub async fn start(
         &metrics,
         &triggers,
     );
+    if options.fleet_policies {
+        wait_for_policy_api(&client).await?;
+    }
     let fleet = options
         .fleet_policies
         .then(|| fleet::start(&client, &caches, &options.freshness, &metrics, &triggers));
@@ -1253,6 +1256,33 @@ async fn wait_for_api(client: &Client, namespaces: &[String]) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+/// With `--fleet-policies`: fails early, saying what to apply, when the
+/// SafeRolloutPolicy CRD or the RBAC to read policies and namespaces is
+/// missing (otherwise the caches would never list, and every rollout would
+/// wait on them in silence).
+async fn wait_for_policy_api(client: &Client) -> anyhow::Result<()> {
+    let policies: Api<saferollout_api::SafeRolloutPolicy> = Api::all(client.clone());
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let limit = kube::api::ListParams::default().limit(1);
+    loop {
+        let listed = match policies.list(&limit).await {
+            Ok(_) => namespaces.list_metadata(&limit).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match listed {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() > deadline => anyhow::bail!(
+                "--fleet-policies: cannot list SafeRolloutPolicies and namespaces ({e}); are deploy/crd-policy.yaml and the RBAC of the chart's fleetPolicies.enabled applied?"
+            ),
+            Err(e) => {
+                warn!(error = %e, "cannot list SafeRolloutPolicies or namespaces yet; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
