@@ -162,10 +162,14 @@ fn admit_one<'a>(
         });
     }
     // The grant's names, as `wanted`'s (whose lifetime the caller keeps).
+    // A node the rollout disrupts already costs nothing more: it is always
+    // its own to go on with (the grant leaves it out of what it counts as
+    // wanted; leaving it out of what may be replaced would hold a crashing
+    // agent's node forever under a full budget, found by the property tests).
     let granted = wanted
         .iter()
         .copied()
-        .filter(|n| mine.nodes.contains(n))
+        .filter(|n| mine.nodes.contains(n) || disrupted.contains(n))
         .collect();
     (granted, held)
 }
@@ -221,6 +225,25 @@ mod tests {
         let held = a.held.unwrap();
         assert_eq!(held.reason, "FleetBudgetFull");
         assert!(held.message.contains("gpu/driver"), "{}", held.message);
+    }
+
+    #[test]
+    fn a_node_the_rollout_disrupts_already_is_its_own_under_a_full_budget() {
+        let none = BTreeMap::new();
+        let others = vec![Demand {
+            rollout: "gpu/driver",
+            disrupted: vec!["n9"],
+            wanted: vec![],
+        }];
+        let fleet = Fleet {
+            rollout: ME,
+            policies: vec![governing(others, 1, &[], &none)],
+        };
+        // n1's agent crashes (disrupted by this rollout); replacing it costs
+        // nothing, whereas n2 would be a fresh node.
+        let a = admit(&fleet, &["n1"], &["n1", "n2"], now());
+        assert_eq!(nodes(&a), ["n1"]);
+        assert_eq!(a.held.unwrap().reason, "FleetBudgetFull");
     }
 
     #[test]
