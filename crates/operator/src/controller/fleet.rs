@@ -553,17 +553,31 @@ fn ordering_waits(
             continue;
         }
         let passed_nodes = passed_nodes(sr);
+        // Its agent is on a node while it has a pod there, even one being
+        // replaced, and while it holds or disrupts the node (the pod
+        // deleted, its replacement not created yet): a predecessor caught
+        // between its deletion and its new pod is not looked through as
+        // absent (seen end to end: the DRA driver replaced on a node 150 ms
+        // after the driver's deletion there).
+        if let Some(st) = sr.status.as_ref() {
+            let holds = st
+                .stages
+                .iter()
+                .flat_map(|s| s.nodes.iter())
+                .chain(&st.disrupted_nodes);
+            present.entry(name).or_default().extend(holds.cloned());
+        }
         for pod in agent_pods(sr, caches) {
             let Some(agent) = AgentPod::of(&pod) else {
                 continue;
             };
-            if agent.deleting {
-                continue;
-            }
             present
                 .entry(name)
                 .or_default()
                 .insert(agent.node.to_string());
+            if agent.deleting {
+                continue;
+            }
             let serving = agent.running && agent.ready;
             let gates_passed = match &passed_nodes {
                 Passed::Everywhere(stable) => stable.is_none_or(|s| agent.revision == s),
