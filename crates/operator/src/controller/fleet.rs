@@ -253,6 +253,19 @@ impl FleetPolicies {
         }
     }
 
+    /// This replica starts leading: forgets what it decided when it led
+    /// before (another replica may have decided since; the statuses say).
+    pub fn start_leading(&self) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     /// Forgets a rollout that is gone.
     pub fn forget(&self, key: &RolloutKey) {
         self.ledger

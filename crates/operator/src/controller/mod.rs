@@ -1178,6 +1178,11 @@ pub async fn run(
         metrics.leader.set(1);
         caches.wait_until_synced().await;
         info!("leading: reconciling");
+        if let Some(f) = &ctx.fleet {
+            // Another replica may have led meanwhile: what this one decided
+            // before is no longer the last word, the statuses are.
+            f.start_leading();
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         for sr in caches.every_rollout() {
             if tx.send(ObjectRef::from_obj(&*sr)).is_ok() {
