@@ -1033,27 +1033,6 @@ async fn preflight_enforce_blocks_a_literal_secret_and_names_uncovered_nodes() -
     Ok(())
 }
 
-/// Runs `kubectl-saferollout` (built beside the operator) against the test cluster.
-fn plugin(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_saferollout-operator"))
-        .with_file_name("kubectl-saferollout");
-    anyhow::ensure!(
-        bin.exists(),
-        "{} not built (cargo build -p saferollout-cli)",
-        bin.display()
-    );
-    let out = Command::new(&bin)
-        .arg("--kubeconfig")
-        .arg(cluster().kubeconfig())
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
-
 fn stage_nodes(plan: &serde_json::Value, i: usize) -> Vec<String> {
     serde_json::from_value(plan["stages"][i]["nodes"].clone()).unwrap_or_default()
 }
@@ -1091,7 +1070,7 @@ async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Resu
     wait_settled_healthy(&env, v1).await?;
 
     // inventory: versions, the simulated GPUs per node, the slices.
-    let (code, out, err) = plugin(&["inventory", "-n", &ns, "-o", "json"])?;
+    let (code, out, err) = support::kubectl_saferollout(&["inventory", "-n", &ns, "-o", "json"])?;
     assert_eq!(code, 0, "{err}");
     let inv: serde_json::Value = serde_json::from_str(&out)?;
     assert_eq!(inv["server"]["gitVersion"], "v1.37.2");
@@ -1113,7 +1092,8 @@ async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Resu
     );
 
     // plan, then the rollout does exactly that.
-    let (code, out, err) = plugin(&["plan", "plugin", "-n", &ns, "-o", "json"])?;
+    let (code, out, err) =
+        support::kubectl_saferollout(&["plan", "plugin", "-n", &ns, "-o", "json"])?;
     assert_eq!(code, 0, "{err}");
     let plan: serde_json::Value = serde_json::from_str(&out)?;
     set_template_image(&env, v2).await?;
@@ -1122,9 +1102,9 @@ async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Resu
     })
     .await?;
     assert_eq!(st.stages[0].nodes, stage_nodes(&plan, 0));
-    let (_, out, _) = plugin(&["status", "plugin", "-n", &ns])?;
+    let (_, out, _) = support::kubectl_saferollout(&["status", "plugin", "-n", &ns])?;
     assert!(out.contains("Paused") && out.contains("approve"), "{out}");
-    let (code, out, err) = plugin(&["approve", "plugin", "-n", &ns])?;
+    let (code, out, err) = support::kubectl_saferollout(&["approve", "plugin", "-n", &ns])?;
     assert_eq!(code, 0, "{out}{err}");
     let st = wait_status(&env, TIMEOUT, |st| {
         st.phase == Some(Phase::Succeeded) && st.stable_revision == st.target_revision
@@ -1134,14 +1114,20 @@ async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Resu
         assert_eq!(st.stages[i].nodes, stage_nodes(&plan, i), "stage {i}");
     }
     // approve when nothing waits is refused, with a reason.
-    let (code, _, err) = plugin(&["approve", "plugin", "-n", &ns])?;
+    let (code, _, err) = support::kubectl_saferollout(&["approve", "plugin", "-n", &ns])?;
     assert_eq!(code, 1);
     assert!(err.starts_with("error: "), "{err}");
 
     // pause / resume flip spec.paused.
-    assert_eq!(plugin(&["pause", "plugin", "-n", &ns])?.0, 0);
+    assert_eq!(
+        support::kubectl_saferollout(&["pause", "plugin", "-n", &ns])?.0,
+        0
+    );
     assert!(srs(&env).get("plugin").await?.spec.paused);
-    assert_eq!(plugin(&["resume", "plugin", "-n", &ns])?.0, 0);
+    assert_eq!(
+        support::kubectl_saferollout(&["resume", "plugin", "-n", &ns])?.0,
+        0
+    );
     assert!(!srs(&env).get("plugin").await?.spec.paused);
 
     // abort reverts at once and blocks; retry unblocks.
@@ -1150,7 +1136,7 @@ async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Resu
         st.phase == Some(Phase::Paused) && st.stages.len() == 1
     })
     .await?;
-    let (code, out, err) = plugin(&["abort", "plugin", "-n", &ns])?;
+    let (code, out, err) = support::kubectl_saferollout(&["abort", "plugin", "-n", &ns])?;
     assert_eq!(code, 0, "{out}{err}");
     let st = wait_status(&env, TIMEOUT, |st| st.phase == Some(Phase::Degraded)).await?;
     assert_eq!(st.blocked_revisions[0].reason, "Aborted");
@@ -1162,12 +1148,12 @@ async fn kubectl_plugin_inventories_plans_and_steers_a_rollout() -> anyhow::Resu
         ps.len() == 4 && ps.iter().all(|p| image_of(p) == v2 && pod_ready(p))
     })
     .await?;
-    let (code, out, err) = plugin(&["retry", "plugin", "-n", &ns])?;
+    let (code, out, err) = support::kubectl_saferollout(&["retry", "plugin", "-n", &ns])?;
     assert_eq!(code, 0, "{out}{err}");
     wait_status(&env, TIMEOUT, |st| st.blocked_revisions.is_empty()).await?;
 
     // A missing object is one clear line and a non-zero exit.
-    let (code, _, err) = plugin(&["status", "no-such-rollout", "-n", &ns])?;
+    let (code, _, err) = support::kubectl_saferollout(&["status", "no-such-rollout", "-n", &ns])?;
     assert_ne!(code, 0);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("not found"), "{err}");
@@ -1193,7 +1179,7 @@ fn kubectl_plugin_lint_exits_non_zero_on_errors() -> anyhow::Result<()> {
         if let Some(level) = psa {
             args.extend(["--psa-level", level]);
         }
-        let code = plugin(&args)?.0;
+        let code = support::kubectl_saferollout(&args)?.0;
         if name.starts_with("good-") {
             assert_eq!(code, 0, "{name}");
             good += 1;

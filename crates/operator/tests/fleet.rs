@@ -521,28 +521,6 @@ async fn three_agents_under_one_disrupted_node_take_the_nodes_one_at_a_time_in_o
     Ok(())
 }
 
-/// Runs `kubectl-saferollout` (built beside the operator) against the test
-/// cluster: exit code, stdout, stderr.
-fn cli(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_saferollout-operator"))
-        .with_file_name("kubectl-saferollout");
-    anyhow::ensure!(
-        bin.exists(),
-        "{} not built (cargo build -p saferollout-cli)",
-        bin.display()
-    );
-    let out = std::process::Command::new(&bin)
-        .arg("--kubeconfig")
-        .arg(cluster().kubeconfig())
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
-
 /// A window of `minutes` minutes starting at the next whole minute at
 /// least `lead` from now, UTC, on the day it starts.
 fn window_from_now(lead: Duration, minutes: i64) -> (serde_json::Value, jiff::Timestamp) {
@@ -601,7 +579,7 @@ async fn a_release_waits_for_its_window_and_a_revert_outside_one_is_not_held() -
     );
     // `kubectl saferollout policy` says the same: closed, the next
     // opening, and who waits on it.
-    let (code, out, err) = cli(&["policy", &policy, "-o", "json"])?;
+    let (code, out, err) = support::kubectl_saferollout(&["policy", &policy, "-o", "json"])?;
     assert_eq!(code, 0, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out)?;
     let p = &report["policies"][0];

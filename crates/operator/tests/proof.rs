@@ -355,19 +355,9 @@ fn gate_failures(env: &Env, gate: &str) -> anyhow::Result<f64> {
 
 /// `kubectl saferollout status -o json` (built beside the operator by tests/all).
 fn status_json(env: &Env) -> anyhow::Result<serde_json::Value> {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_saferollout-operator"))
-        .with_file_name("kubectl-saferollout");
-    anyhow::ensure!(
-        bin.exists(),
-        "{} not built (cargo build -p saferollout-cli)",
-        bin.display()
-    );
-    let out = support::run(
-        std::process::Command::new(bin)
-            .arg("--kubeconfig")
-            .arg(cluster().kubeconfig())
-            .args(["-n", &env.ns.name, "status", "plugin", "-o", "json"]),
-    )?;
+    let (code, out, err) =
+        support::kubectl_saferollout(&["-n", &env.ns.name, "status", "plugin", "-o", "json"])?;
+    anyhow::ensure!(code == 0, "kubectl saferollout status exited {code}: {err}");
     Ok(serde_json::from_str(&out)?)
 }
 

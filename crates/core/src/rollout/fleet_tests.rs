@@ -8,15 +8,9 @@ use std::collections::BTreeMap;
 use saferollout_api::{DurationString, MaintenanceWindow, Phase, Weekday};
 
 use super::model::{FleetModel, Model, Release};
+use super::tests::{no_violations, settled};
 use super::*;
 use crate::conditions;
-
-fn settled(nodes: usize) -> Model {
-    let mut m = Model::new(nodes);
-    m.run(60);
-    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
-    m
-}
 
 fn waiting(m: &Model) -> Option<(String, String)> {
     conditions::get(&m.status.conditions, conditions::WAITING)
@@ -42,14 +36,6 @@ fn ticks(m: &mut Model, n: usize) {
     for _ in 0..n {
         m.one_reconcile();
     }
-}
-
-fn no_violations(m: &Model) {
-    assert!(
-        m.checker.violations.is_empty(),
-        "safety rules broken: {:#?}",
-        m.checker.violations
-    );
 }
 
 #[test]

@@ -9,14 +9,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use saferollout_api::{Phase, Stage};
 
 use super::model::{Model, Release};
+use super::tests::{no_violations, settled};
 use crate::conditions;
-
-fn settled(nodes: usize) -> Model {
-    let mut m = Model::new(nodes);
-    m.run(120);
-    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
-    m
-}
 
 fn skipped(m: &Model) -> Vec<(String, String)> {
     m.status
@@ -24,14 +18,6 @@ fn skipped(m: &Model) -> Vec<(String, String)> {
         .iter()
         .map(|n| (n.node.clone(), n.reason.clone()))
         .collect()
-}
-
-fn no_violations(m: &Model) {
-    assert!(
-        m.checker.violations.is_empty(),
-        "safety rules broken: {:#?}",
-        m.checker.violations
-    );
 }
 
 #[test]

@@ -13,7 +13,7 @@ use super::*;
 use crate::conditions;
 use crate::gates::test_support::as_stored;
 
-fn settled(nodes: usize) -> Model {
+pub(super) fn settled(nodes: usize) -> Model {
     let mut m = Model::new(nodes);
     m.run(60);
     assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
@@ -26,7 +26,7 @@ fn degraded_reason(m: &Model) -> Option<String> {
         .map(|c| c.reason.clone())
 }
 
-fn no_violations(m: &Model) {
+pub(super) fn no_violations(m: &Model) {
     assert!(
         m.checker.violations.is_empty(),
         "safety rules broken: {:#?}",

@@ -354,6 +354,28 @@ impl Drop for Operator {
     }
 }
 
+/// Runs `kubectl-saferollout` (built beside the operator) against the test
+/// cluster: exit code, stdout, stderr.
+pub fn kubectl_saferollout(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let bin =
+        Path::new(env!("CARGO_BIN_EXE_saferollout-operator")).with_file_name("kubectl-saferollout");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not built (cargo build -p saferollout-cli)",
+        bin.display()
+    );
+    let out = Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(saferollout_testkit::cluster().kubeconfig())
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
 /// `--help` of the operator binary, to tell which flags it has.
 pub fn operator_help() -> &'static str {
     static HELP: OnceLock<String> = OnceLock::new();
