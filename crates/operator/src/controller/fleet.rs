@@ -294,20 +294,16 @@ impl FleetPolicies {
         }
     }
 
-    /// What the policies governing `sr` read in this pass; `None` when no
-    /// policy governs it. `pods` are `sr`'s agent pods, `current` its
-    /// DaemonSet's revision.
+    /// What `policies` (those [`Self::governing`] `sr`) read in this pass.
+    /// `pods` are `sr`'s agent pods, `current` its DaemonSet's revision.
     pub fn gather(
         &self,
         sr: &SafeRollout,
+        policies: &[Arc<SafeRolloutPolicy>],
         caches: &Caches,
         pods: &[Arc<SlimPod>],
         current: Option<&str>,
-    ) -> Option<Gathered> {
-        let policies = self.governing(sr);
-        if policies.is_empty() {
-            return None;
-        }
+    ) -> Gathered {
         let me = full_name(sr);
         let mut gathered = Gathered {
             rollout: me.clone(),
@@ -322,8 +318,8 @@ impl FleetPolicies {
             .map(|p| p.node)
             .collect();
         for policy in policies {
-            let governed = self.governed(&policy, caches);
-            let resolved = self.resolve(&policy, &governed, caches);
+            let governed = self.governed(policy, caches);
+            let resolved = self.resolve(policy, &governed, caches);
             let mut broken = resolved.budget.as_ref().err().cloned();
             let windows = match resolved.windows {
                 Ok(w) => w,
@@ -342,7 +338,7 @@ impl FleetPolicies {
             others.sort_by_key(|(name, d, created)| {
                 (d.is_empty(), created.as_ref().map(|t| t.0), name.clone())
             });
-            let waits_for = match ordering_waits(&policy, &governed, &me, &to_replace, caches) {
+            let waits_for = match ordering_waits(policy, &governed, &me, &to_replace, caches) {
                 Ok(w) => w,
                 Err(e) => {
                     broken.get_or_insert(e);
@@ -361,7 +357,7 @@ impl FleetPolicies {
                 waits_for,
             });
         }
-        Some(gathered)
+        gathered
     }
 
     /// Writes every policy's status where it changed: `observedGeneration`

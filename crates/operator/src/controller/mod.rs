@@ -428,13 +428,23 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
     let now = gathered.now;
     // A governed rollout decides and writes its status in its turn (see
     // `fleet`), on what the others decided before it.
-    let governed = ctx.fleet.as_ref().filter(|f| !f.governing(sr).is_empty());
+    let governing = ctx.fleet.as_ref().map(|f| (f, f.governing(sr)));
+    let governed = governing
+        .as_ref()
+        .filter(|(_, policies)| !policies.is_empty());
     let turn = match governed {
-        Some(f) => Some(f.turn.lock().await),
+        Some((f, _)) => Some(f.turn.lock().await),
         None => None,
     };
-    let fleet_gathered =
-        governed.and_then(|f| f.gather(sr, &ctx.caches, world.pods(), world.current_revision()));
+    let fleet_gathered = governed.map(|(f, policies)| {
+        f.gather(
+            sr,
+            policies,
+            &ctx.caches,
+            world.pods(),
+            world.current_revision(),
+        )
+    });
     let fleet_view = fleet_gathered.as_ref().map(|g| g.view());
     let (decision, nodes) = decide(sr, ctx, key, status, &world, &gathered, fleet_view.as_ref());
     let decided = pass_started.elapsed();
@@ -451,7 +461,7 @@ async fn apply(sr: &SafeRollout, ctx: &Arc<Context>, key: &RolloutKey) -> Result
         .node_pods
         .set_wants(key, plan.watch_pods_on.clone());
     let changes = write_planned_status(sr, ctx, key, status, &plan, nodes).await?;
-    if let Some(f) = governed {
+    if let Some((f, _)) = governed {
         f.record(&ctx.caches, &ctx.triggers, key, status, &plan.status);
     }
     drop(turn);
