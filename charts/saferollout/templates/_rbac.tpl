@@ -66,7 +66,8 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 # Nodes: read their devices (allocatable), readiness, taints and zones.
 - {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}
 # Nodes: the stage labels (saferollout.dev/stage, saferollout.dev/rollout); with strategy
-# Selector, the handover label and the promotion's taint.
+# Selector, the handover label and the promotion's taint; with nodeMaintenance, the
+# cordon (spec.unschedulable) and its mark (saferollout.dev/maintenance).
 - {apiGroups: [""], resources: [nodes], verbs: [patch]}
 # Namespaces: the Pod Security level preflight checks a template against.
 {{- if .Values.watchNamespaces }}
@@ -81,6 +82,12 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 - {apiGroups: [saferollout.dev], resources: [saferolloutpolicies/status], verbs: [get, patch]}
 # Namespaces: a policy selects SafeRollouts by their namespace's labels.
 - {apiGroups: [""], resources: [namespaces], verbs: [list, watch]}
+{{- end }}
+{{- if .Values.nodeMaintenance.enabled }}
+# Pods: list the pods of a node a rollout holds in maintenance, in any namespace (nodeMaintenance.drain).
+- {apiGroups: [""], resources: [pods], verbs: [list]}
+# Evictions: drain a node before its agent is replaced, through the Eviction API (PodDisruptionBudgets hold).
+- {apiGroups: [""], resources: [pods/eviction], verbs: [create]}
 {{- end }}
 {{- if .Values.deviceGates.enabled }}
 # ResourceSlices: what a DRA driver publishes per node (gates.resourceSlices, deviceTaints).

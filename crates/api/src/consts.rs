@@ -57,6 +57,11 @@ pub const STAGE_LABEL: &str = "saferollout.dev/stage";
 /// Label the operator puts on nodes (and on objects it creates, such as probe
 /// pods) identifying the SafeRollout that owns them.
 pub const ROLLOUT_LABEL: &str = "saferollout.dev/rollout";
+/// Label the operator puts on a node it cordoned for `spec.nodeMaintenance`
+/// (in the same write as the cordon); the value is the SafeRollout's
+/// [`ROLLOUT_LABEL`] value. Only a node carrying it is ever uncordoned by
+/// the operator, so a cordon someone else made is never lifted.
+pub const MAINTENANCE_LABEL: &str = "saferollout.dev/maintenance";
 /// The standard label key telling which tool manages an object.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`] on objects the operator creates.

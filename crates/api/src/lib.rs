@@ -9,6 +9,8 @@
 //!   and CEL rules, validation and name ([`PodsReadyGate::NAME`], ...);
 //!   [`Gates`] gathers them.
 //! - [`failure`]: `spec.onFailure` ([`OnFailure`]) and `spec.quarantine`.
+//! - [`maintenance`]: `spec.nodeMaintenance` (cordon and drain around a
+//!   node's replacement) and `status.nodeMaintenance`.
 //! - [`status`]: what the operator writes, with the records gates and
 //!   failure policies keep ([`ProbeRecord`], [`Measurements`],
 //!   [`StoppedRollout`], [`NodeDevices`]) and the wire forms of a stage's
@@ -40,6 +42,7 @@ pub mod duration;
 pub mod failure;
 pub mod gates;
 pub mod intstr;
+pub mod maintenance;
 pub mod policy;
 pub mod quantity;
 pub mod schema;
@@ -61,6 +64,7 @@ pub use gates::{
     SecretKeyRef, UnreadablePolicy,
 };
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
+pub use maintenance::{Drain, MaintenanceStep, NodeMaintenance, NodeMaintenanceStatus};
 pub use policy::{
     MaintenanceWindow, OrderingRule, PolicySelector, SafeRolloutPolicy, SafeRolloutPolicySpec,
     SafeRolloutPolicyStatus, Weekday,

@@ -112,6 +112,14 @@ pub struct SafeRolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreaker>,
 
+    /// What happens to a node around its agent's replacement (driver-class
+    /// agents): cordon it, evict its workload pods (PodDisruptionBudgets
+    /// respected, never forced), uncordon it once its new agent serves or a
+    /// revert brought the last good one back. Absent: nodes are not touched
+    /// beyond their agent's pod. `strategy: InPlace` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_maintenance: Option<crate::maintenance::NodeMaintenance>,
+
     /// Health gates judged after each stage. podsReady is always judged, even
     /// when this field is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,6 +156,7 @@ fn is_in_place(s: &Strategy) -> bool {
 fn spec_rules(s: &mut schemars::Schema) {
     failure::spec_rules(s);
     strategy::spec_rules(s);
+    crate::maintenance::spec_rules(s);
 }
 
 fn is_revert(p: &OnFailure) -> bool {
@@ -297,6 +306,7 @@ impl SafeRolloutSpec {
             max_unavailable: default_max_unavailable(),
             progress_deadline: default_progress_deadline(),
             circuit_breaker: None,
+            node_maintenance: None,
             gates: None,
             paused: false,
             preflight: None,
@@ -523,6 +533,14 @@ impl Validate for SafeRolloutSpec {
             true,
         );
         self.gates.validate(&format!("{path}.gates"), errors);
+        self.node_maintenance
+            .validate(&format!("{path}.nodeMaintenance"), errors);
+        if self.node_maintenance.is_some() && self.strategy == Strategy::Selector {
+            errors.push(
+                format!("{path}.nodeMaintenance"),
+                crate::maintenance::MSG_MAINTENANCE_IN_PLACE,
+            );
+        }
         self.quarantine
             .validate(&format!("{path}.quarantine"), errors);
         // The rules on spec that read the gates and the failure policy

@@ -140,6 +140,7 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         converging_nodes,
         disrupted_nodes,
         skipped_nodes,
+        node_maintenance,
         stuck_nodes,
         preflight,
         stopped,
@@ -161,6 +162,7 @@ fn same_but_progress(old: &SafeRolloutStatus, new: &SafeRolloutStatus, gates: Ga
         && *converging_nodes == new.converging_nodes
         && *disrupted_nodes == new.disrupted_nodes
         && *skipped_nodes == new.skipped_nodes
+        && *node_maintenance == new.node_maintenance
         && *stuck_nodes == new.stuck_nodes
         && *preflight == new.preflight
         && *stopped == new.stopped

@@ -234,11 +234,11 @@ pub fn uncovered_only_by_readiness(node: &NodeView, placement: &Placement) -> bo
 /// (key, what it says). Whatever the agent tolerates (device-plugin
 /// DaemonSets often tolerate every taint), a rollout does not start on such
 /// a node: its agent would be judged while the node drains or goes.
+/// The taint the node lifecycle controller puts on a cordoned node.
+const CORDON_TAINT: &str = "node.kubernetes.io/unschedulable";
+
 const LIFECYCLE_TAINTS: &[(&str, &str)] = &[
-    (
-        "node.kubernetes.io/unschedulable",
-        "cordoned (spec.unschedulable)",
-    ),
+    (CORDON_TAINT, "cordoned (spec.unschedulable)"),
     (
         "ToBeDeletedByClusterAutoscaler",
         "being removed by the cluster autoscaler",
@@ -260,8 +260,16 @@ const LIFECYCLE_TAINTS: &[(&str, &str)] = &[
 /// someone else is taking it out of service (a cordon, an autoscaler's or
 /// Karpenter's scale-down, out-of-service, shutdown). `None`: nothing says
 /// so. Such a node does not count in `maxUnavailable`'s base either.
+///
+/// A cordon a SafeRollout made for its `nodeMaintenance` (the node carries
+/// [`saferollout_api::MAINTENANCE_LABEL`]) is not someone else's: the node
+/// is being worked on by a rollout, which uncordons it when done.
 pub fn out_of_service(node: &NodeView) -> Option<String> {
+    let ours = node.label(saferollout_api::MAINTENANCE_LABEL).is_some();
     node.taints.iter().find_map(|t| {
+        if ours && t.key == CORDON_TAINT {
+            return None;
+        }
         LIFECYCLE_TAINTS
             .iter()
             .find(|(key, _)| t.key == *key)

@@ -25,6 +25,8 @@
 //! - [`conditions`]: kstatus-compatible conditions.
 //! - [`preflight`]: the cluster-side preflight checks and when they run.
 //! - [`transitions`]: what changed between two statuses (for metrics).
+//! - [`drain`]: which of a node's pods `spec.nodeMaintenance.drain` evicts,
+//!   leaves or is held by.
 //! - [`deletion`]: how deleting a SafeRollout hands its DaemonSet back.
 //! - [`handover`]: one node's handover between the target and the canary
 //!   DaemonSet under the `Selector` strategy.
@@ -39,6 +41,7 @@
 pub mod conditions;
 pub mod deletion;
 pub mod devices;
+pub mod drain;
 pub mod durability;
 pub mod eligibility;
 pub mod expectations;

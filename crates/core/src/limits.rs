@@ -42,6 +42,9 @@ pub struct AdminLimits {
     /// `strategy: Selector` may run (`--selector-strategy`; the chart sets
     /// it with the RBAC the strategy needs).
     pub selector_strategy: bool,
+    /// `spec.nodeMaintenance` may cordon nodes and evict their workloads
+    /// (`--node-maintenance`; the chart sets it with the RBAC it needs).
+    pub node_maintenance: bool,
 }
 
 /// No limit at all: for planning and tests, never for the operator.
@@ -52,6 +55,7 @@ pub static UNLIMITED: AdminLimits = AdminLimits {
     privileged_probes: true,
     any_address: true,
     selector_strategy: true,
+    node_maintenance: true,
 };
 
 impl AdminLimits {
@@ -117,7 +121,22 @@ pub fn refusals(
     probes(spec, limits, agent_tolerations, &mut out);
     log_patterns(spec, &mut out);
     strategy(spec, limits, &mut out);
+    maintenance(spec, limits, &mut out);
     out
+}
+
+/// `spec.nodeMaintenance` cordons nodes and evicts workloads of any
+/// namespace from them: only where the administrator enabled it.
+fn maintenance(spec: &SafeRolloutSpec, limits: &AdminLimits, out: &mut Vec<Refusal>) {
+    if spec.node_maintenance.is_some() && !limits.node_maintenance {
+        refuse(
+            out,
+            "spec.nodeMaintenance".into(),
+            "cordoning and draining nodes is not enabled in this installation (operator flag \
+             --node-maintenance, chart value nodeMaintenance.enabled)"
+                .into(),
+        );
+    }
 }
 
 /// `strategy: Selector` is accepted by the schema (so manifests written for

@@ -113,7 +113,7 @@ fn build(
         .option_layer(
             config
                 .default_retry
-                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+                .then(|| RetryLayer::new(NotEvictions(RetryPolicy::server_retry()))),
         )
         // ... and each attempt, a retry's too, is sent only while the fence
         // is open.
@@ -127,6 +127,49 @@ fn build(
         .map_err(BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// kube's server-aware retries, except for evictions: an eviction's 429 is
+/// a PodDisruptionBudget's answer (not now), not a busy API server. Retried
+/// here it would be asked again until the leader fence's deadline and fail
+/// the pass; the drain records the answer instead and asks again on its
+/// next pass (`controller::maintenance`).
+#[derive(Clone)]
+struct NotEvictions(RetryPolicy);
+
+fn is_eviction<B>(req: &http::Request<B>) -> bool {
+    req.uri().path().ends_with("/eviction")
+}
+
+impl<Res> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<Res>, BoxError>
+    for NotEvictions
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        req: &mut http::Request<kube::client::Body>,
+        result: &mut Result<http::Response<Res>, BoxError>,
+    ) -> Option<Self::Future> {
+        if is_eviction(req) {
+            return None;
+        }
+        tower::retry::Policy::retry(&mut self.0, req, result)
+    }
+
+    fn clone_request(
+        &mut self,
+        req: &http::Request<kube::client::Body>,
+    ) -> Option<http::Request<kube::client::Body>> {
+        if is_eviction(req) {
+            return None;
+        }
+        <RetryPolicy as tower::retry::Policy<
+            http::Request<kube::client::Body>,
+            http::Response<Res>,
+            BoxError,
+        >>::clone_request(&mut self.0, req)
+    }
 }
 
 /// A write the leader fence stopped.
@@ -402,5 +445,33 @@ mod tests {
             "a write was retried past the fence: {seen:?}"
         );
         assert!(writes[0].1 < deadline);
+    }
+
+    #[tokio::test]
+    async fn an_evictions_refusal_is_returned_at_once_and_other_writes_are_retried() {
+        use std::time::Duration;
+        let (url, seen) = serve("429 Too Many Requests").await;
+        let client = super::from_config(kube::Config::new(url.parse().unwrap())).unwrap();
+        let evict = http::Request::post("/api/v1/namespaces/x/pods/p/eviction")
+            .header("content-type", "application/json")
+            .body(
+                br#"{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"p"}}"#.to_vec(),
+            )
+            .unwrap();
+        let e = client
+            .request::<serde_json::Value>(evict)
+            .await
+            .unwrap_err();
+        assert!(matches!(&e, kube::Error::Api(s) if s.code == 429), "{e:?}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "an eviction was asked again");
+        // A deletion's 429 is a busy server's: asked again after Retry-After.
+        let _ = tokio::time::timeout(Duration::from_millis(1500), delete(&client)).await;
+        let deletes = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _)| m == "DELETE")
+            .count();
+        assert!(deletes >= 2, "a deletion was not retried: {deletes}");
     }
 }

@@ -118,6 +118,14 @@ struct Args {
     /// Off: such a SafeRollout is refused with a condition naming the field.
     #[arg(long, env = "SAFEROLLOUT_SELECTOR_STRATEGY", default_value_t = false, action = clap::ArgAction::Set)]
     selector_strategy: bool,
+    /// Run `spec.nodeMaintenance` (cordon each node before its agent is
+    /// replaced, evict its workload pods through the Eviction API, uncordon
+    /// it after): needs the RBAC the chart grants with
+    /// `nodeMaintenance.enabled` (create pods/eviction, list pods in every
+    /// namespace). Off: such a SafeRollout is refused with a condition
+    /// naming the field.
+    #[arg(long, env = "SAFEROLLOUT_NODE_MAINTENANCE", default_value_t = false, action = clap::ArgAction::Set)]
+    node_maintenance: bool,
     /// Watch SafeRolloutPolicies and apply them to the SafeRollouts they
     /// select (a budget of disrupted nodes across rollouts, an order between
     /// agents on each node, maintenance windows): needs the policy CRD
@@ -164,6 +172,7 @@ fn limits(args: &Args) -> anyhow::Result<saferollout_core::limits::AdminLimits> 
         privileged_probes: args.allow_privileged_probes,
         any_address: false,
         selector_strategy: args.selector_strategy,
+        node_maintenance: args.node_maintenance,
     })
 }
 
@@ -245,6 +254,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         prometheus_secrets = ?limits.prometheus_secrets.keys().collect::<Vec<_>>(),
         quarantine_allow_no_execute = limits.quarantine_no_execute,
         allow_privileged_probes = limits.privileged_probes,
+        node_maintenance = limits.node_maintenance,
         "starting saferollout-operator"
     );
     let server = tokio::spawn(metrics::serve(listener, metrics.clone()));

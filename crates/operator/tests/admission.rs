@@ -42,6 +42,7 @@ fn values() -> Vec<String> {
         format!("prometheusGate.secrets[0].addresses={{{PROMETHEUS}}}"),
         "probe.allowPrivileged=true".into(),
         "quarantine.allowNoExecute=true".into(),
+        "nodeMaintenance.enabled=true".into(),
         format!("admission.exempt.groups={{{TRUSTED}}}"),
     ]
 }
@@ -59,7 +60,7 @@ fn install_policy(c: &TestCluster, dir: &std::path::Path) -> anyhow::Result<Vec<
     ])
 }
 
-/// RBAC of the three users in `ns` (and bob's cluster-wide quarantine
+/// RBAC of the three users in `ns` (and bob's cluster-wide quarantine, node and eviction
 /// rights, deleted with the guards).
 fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
     let secret = format!("--resource-name={SECRET}");
@@ -120,6 +121,7 @@ fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
     for (what, verb, resource) in [
         ("quarantine", "create", "devicetaintrules.resource.k8s.io"),
         ("node-patch", "patch", "nodes"),
+        ("evict", "create", "pods/eviction"),
     ] {
         let name = format!("saferollout-e2e-{what}-{ns}");
         guards.push(ClusterObject::new("clusterrole", &name));
@@ -190,6 +192,11 @@ fn manifests(ns: &str, resource: &str) -> Vec<(&'static str, Value, String)> {
             base(json!({"strategy": "Selector",
                 "template": agent_template(resource, "registry.example/plugin:v2")})),
             format!("user alice may not create daemonsets.apps in namespace {ns}: strategy: Selector"),
+        ),
+        (
+            "node-maintenance",
+            base(json!({"nodeMaintenance": {"drain": {}}})),
+            "user alice may not patch nodes: nodeMaintenance has the operator cordon".to_string(),
         ),
         (
             "unlisted-prometheus",
@@ -286,6 +293,7 @@ async fn a_saferollout_is_admitted_only_from_an_author_who_holds_what_it_asks_fo
             format!("--prometheus-secret={SECRET}={PROMETHEUS}"),
             "--allow-privileged-probes=true".into(),
             "--quarantine-allow-no-execute=true".into(),
+            "--node-maintenance=true".into(),
         ],
         &format!("admission-{ns}"),
     )?;

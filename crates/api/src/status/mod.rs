@@ -118,6 +118,13 @@ pub struct SafeRolloutStatus {
     #[schemars(transform = schema::list_map_by_node)]
     pub skipped_nodes: Vec<NodeNote>,
 
+    /// The nodes this rollout holds in maintenance (`spec.nodeMaintenance`):
+    /// cordoned by it, with each one's step (Draining, Drained,
+    /// Uncordoning) and what its drain waits on. Sorted by node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = schema::list_map_by_node)]
+    pub node_maintenance: Vec<crate::maintenance::NodeMaintenanceStatus>,
+
     /// Nodes the operator cannot bring to the desired revision and why (a
     /// NotReady node it refuses to empty, an agent that does not become Ready
     /// within the deadline). At most 20, sorted by node.

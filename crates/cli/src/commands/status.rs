@@ -51,6 +51,16 @@ pub fn watch_key(
 /// `status -o json|yaml`: the shape scripts read (documented in docs/cli.md).
 /// Field names and meanings are stable; new fields may be added. Stage
 /// numbers are 1-based, as in the table; times are RFC 3339 in UTC.
+/// One node in maintenance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceReport {
+    pub node: String,
+    pub step: String,
+    pub since: Option<String>,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusReport {
@@ -91,6 +101,9 @@ pub struct StatusReport {
     /// Under a SafeRolloutPolicy: where its agent is being replaced,
     /// reverted or failing now (its share of the policy's budget).
     pub disrupted_nodes: Vec<String>,
+    /// `spec.nodeMaintenance`: the nodes the rollout cordoned, with their
+    /// step (Draining, Drained, Uncordoning) and what a drain waits on.
+    pub node_maintenance: Vec<MaintenanceReport>,
     /// `spec.onFailure`: Revert, Quarantine or Halt.
     pub on_failure: String,
     /// Set when a gate failure stopped the rollout (Quarantine or Halt).
@@ -342,6 +355,16 @@ pub fn report(sr: &SafeRollout) -> StatusReport {
         stuck_nodes: node_reports(&st.stuck_nodes),
         skipped_nodes: node_reports(&st.skipped_nodes),
         disrupted_nodes: st.disrupted_nodes.clone(),
+        node_maintenance: st
+            .node_maintenance
+            .iter()
+            .map(|m| MaintenanceReport {
+                node: m.node.clone(),
+                step: m.step.as_str().to_string(),
+                since: m.started_at.as_ref().map(|t| timestamp(t.0)),
+                message: m.message.clone(),
+            })
+            .collect(),
         on_failure: spec.on_failure.as_str().to_string(),
         stopped: st.stopped.as_ref().map(|s| StoppedReport {
             revision: s.revision.clone(),
@@ -548,6 +571,14 @@ pub fn render(sr: &SafeRollout, now: Timestamp) -> String {
             "- (skipped)".into(),
             n.reason.clone(),
             n.message.clone(),
+        ]);
+    }
+    for m in &st.node_maintenance {
+        attention.row([
+            m.node.clone(),
+            "- (maintenance)".into(),
+            m.step.as_str().to_string(),
+            m.message.clone(),
         ]);
     }
     for s in &st.stages {
@@ -981,7 +1012,7 @@ mod tests {
                 "message": "allocatable gate failed", "lastTransitionTime": "2025-01-01T00:09:30Z"}],
             "blockedRevisions": [{"revision": "bad123", "reason": "GateFailed", "message": "0 GPUs",
                 "blockedAt": "2025-01-01T00:09:30Z"}],
-            "progress": null, "stuckNodes": [], "skippedNodes": [], "disruptedNodes": [],
+            "progress": null, "stuckNodes": [], "skippedNodes": [], "disruptedNodes": [], "nodeMaintenance": [],
             "onFailure": "Revert", "stopped": null,
         });
         assert_eq!(got, want, "{text}");

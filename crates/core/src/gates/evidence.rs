@@ -19,12 +19,21 @@ pub struct Evidence<'a> {
     pub devices: Option<&'a crate::devices::DeviceEvidence<'a>>,
     /// What the probe, logs and prometheus gates observe.
     pub proof: Option<&'a super::proof::ProofEvidence>,
+    /// The pods on the nodes the rollout holds in maintenance
+    /// (`spec.nodeMaintenance.drain`; not a gate's, but read the same way).
+    pub drain: Option<&'a crate::drain::DrainEvidence>,
 }
 
 impl<'a> Evidence<'a> {
     /// Evidence carrying what the proof gates observe.
     pub fn with_proof(mut self, proof: &'a super::proof::ProofEvidence) -> Self {
         self.proof = Some(proof);
+        self
+    }
+
+    /// Evidence carrying the pods of the nodes in maintenance.
+    pub fn with_drain(mut self, drain: &'a crate::drain::DrainEvidence) -> Self {
+        self.drain = Some(drain);
         self
     }
 }

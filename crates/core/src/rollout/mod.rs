@@ -34,6 +34,7 @@
 mod breaker;
 mod devices;
 mod gitops;
+mod maintenance;
 mod phase;
 mod replace;
 mod settle;
@@ -43,6 +44,8 @@ mod stage;
 mod fleet_tests;
 #[cfg(test)]
 mod lifecycle_tests;
+#[cfg(test)]
+mod maintenance_tests;
 #[cfg(test)]
 mod model;
 #[cfg(test)]
@@ -67,6 +70,7 @@ use crate::views::{AgentPod, DaemonSetView, NodesByName, PodsByNode};
 pub use devices::{
     NodeTaint, QuarantineRule, probe_name, quarantined_nodes, rule_name, taint_key, taint_value,
 };
+pub use maintenance::{DRAIN_BLOCKED, DRAIN_TIMED_OUT, DRAINING, EvictRef};
 pub use phase::{CACHE_STALE, StaleCache, hold_for_stale_caches, set_stalled};
 
 /// Requests a person made through annotations on the SafeRollout.
@@ -241,6 +245,28 @@ pub enum Action {
     /// Delete these probe pods (judged, or their stage is over), by name
     /// with their UID as a precondition.
     DeleteProbePods { pods: Vec<(String, String)> },
+    /// `spec.nodeMaintenance`: cordon these nodes and mark them as this
+    /// rollout's ([`saferollout_api::MAINTENANCE_LABEL`]), in one write each.
+    CordonNodes { nodes: Vec<String> },
+    /// Uncordon these nodes and remove the mark, each only while the mark
+    /// is this rollout's.
+    UncordonNodes { nodes: Vec<String> },
+    /// Evict these pods through the Eviction API (never a deletion), each
+    /// only while its UID is the one seen; a refusal (a disruption budget)
+    /// is remembered for the next pass's evidence.
+    EvictPods { pods: Vec<EvictRef> },
+}
+
+/// The nodes whose agent pods `actions` delete.
+pub(crate) fn nodes_deleted_on(actions: &[Action]) -> BTreeSet<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeletePods { pods } => Some(pods.iter().map(|p| p.node.as_str())),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }
 
 /// The machine's answer.
@@ -280,6 +306,7 @@ pub fn decide(o: &Observed) -> Decision {
     let requeue_after = step(o, &mut st, &mut actions, &mut fleet);
     if o.owned_by_other.is_none() {
         devices::sync(o, &st, &mut actions);
+        maintenance::sync(o, &mut st, &mut actions, &fleet.violating);
     }
     probe_pods_alive_only(o, &st, &mut actions);
     record_fleet(o, &mut st, &actions, fleet);
@@ -303,13 +330,13 @@ pub fn decide(o: &Observed) -> Decision {
 const REFRESH_RECHECK: Duration = Duration::from_secs(1);
 
 /// What a pass learnt for the policies governing the rollout (see
-/// [`record_fleet`]).
+/// [`record_fleet`]) and for its nodes in maintenance.
 #[derive(Debug, Default)]
 struct FleetPass {
     /// Why a policy held back nodes the stage wanted to replace.
     held: Option<crate::fleet::Held>,
     /// Nodes whose agent violates a gate (its violation soaking): failing,
-    /// so disrupted, whatever their agent's readiness.
+    /// so disrupted, whatever their agent's readiness (and not uncordoned).
     violating: BTreeSet<String>,
 }
 
@@ -326,6 +353,9 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
         return;
     }
     let mut disrupted = fleet.violating;
+    // A node in maintenance takes no workload: disrupted from its cordon
+    // to its uncordon.
+    disrupted.extend(st.node_maintenance.iter().map(|e| e.node.clone()));
     for action in actions {
         if let Action::DeletePods { pods } = action {
             disrupted.extend(pods.iter().map(|p| p.node.clone()));
@@ -339,8 +369,16 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
         .flat_map(|s| s.nodes.iter().chain(&s.failed_nodes))
         .chain(&st.converging_nodes);
     // A stopped rollout's failed nodes fail until someone acts, whatever
-    // their agent's readiness (a plugin Ready with 0 devices).
-    if let Some(stopped) = &st.stopped {
+    // their agent's readiness (a plugin Ready with 0 devices). Once a newer
+    // template is rolled (someone acted), a node the stop quarantined is
+    // out of service, as a cordoned one, and holds no budget: counting it
+    // would let an old stop hold every later release of the rollout.
+    let current = o.daemonset.and_then(|d| d.current_revision);
+    if let Some(stopped) = st
+        .stopped
+        .as_ref()
+        .filter(|s| current.is_none_or(|c| c == s.revision))
+    {
         disrupted.extend(
             stopped
                 .nodes

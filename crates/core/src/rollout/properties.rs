@@ -95,6 +95,8 @@ struct Scenario {
     allocatable_soak: &'static str,
     /// `strategy: Selector` (GitOps mode) with this handover order.
     selector: Option<HandoverOrder>,
+    /// `nodeMaintenance: {cordon: true}` (InPlace only).
+    maintenance: bool,
     steps: Vec<Step>,
 }
 
@@ -182,6 +184,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             1 => Just(Some(HandoverOrder::MakeBeforeBreak)),
         ],
         prop::collection::vec(step(), 20..250),
+        prop_oneof![2 => Just(false), 1 => Just(true)],
     )
         .prop_map(
             |(
@@ -196,6 +199,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 allocatable_soak,
                 selector,
                 steps,
+                maintenance,
             )| {
                 // Opt-in while findings are open (docs/design/selector-strategy.md,
                 // "Open findings"); drawn either way, so a seed maps to the
@@ -212,6 +216,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     allocatable_soak,
                     // Selector needs spec.template (GitOps mode).
                     gitops: gitops || selector.is_some(),
+                    maintenance: maintenance && selector.is_none(),
                     selector,
                     steps,
                 }
@@ -242,6 +247,12 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     });
     if let Some(sample) = s.probe {
         m.add_probe_gate(sample);
+    }
+    if s.maintenance {
+        m.spec.node_maintenance = Some(saferollout_api::NodeMaintenance {
+            cordon: true,
+            drain: None,
+        });
     }
     if let Some(gates) = m.spec.gates.as_mut() {
         for g in &mut gates.allocatable {
@@ -415,6 +426,28 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         "ended {:?}: {:#?}",
         m.status.phase,
         m.status
+    );
+    // A rollout that is not stopped leaves no node cordoned; a stopped
+    // one, only nodes whose agent failed.
+    let cordoned: Vec<&String> = m
+        .cluster
+        .nodes
+        .values()
+        .filter(|n| n.labels.contains_key(saferollout_api::MAINTENANCE_LABEL))
+        .map(|n| &n.name)
+        .collect();
+    let may_stay: Vec<&String> = m.status.stopped.iter().flat_map(|s| &s.nodes).collect();
+    prop_assert!(
+        cordoned.iter().all(|n| may_stay.contains(n)),
+        "left cordoned: {:?} (stopped on {:?}); status: {:#?}\npods: {:#?}",
+        cordoned,
+        may_stay,
+        m.status,
+        m.cluster
+            .pods
+            .values()
+            .filter(|p| cordoned.contains(&&p.node))
+            .collect::<Vec<_>>()
     );
     let quarantine_key = super::taint_key("ns.plugin");
     let tainted: Vec<String> = m

@@ -28,7 +28,7 @@ use saferollout_api::{
 
 use super::breaker::{self, Breaker};
 use super::{
-    Action, Observed, approval_value, devices, labelled_nodes, max_unavailable, phase,
+    Action, Observed, approval_value, devices, labelled_nodes, maintenance, max_unavailable, phase,
     progress_deadline, record_progress, replace,
 };
 use crate::conditions::{self, DEGRADED, PREFLIGHT_PASSED};
@@ -134,20 +134,32 @@ pub(super) fn roll(
         .map(|f| admit_fleet(o, st, f, &to_replace, &labelled));
     fleet.held = admitted.as_ref().and_then(|a| a.held.clone());
     let breaker = breaker::judge(o, st, ds, target);
-    // Why nothing (more) is started now: the breaker, else a policy.
+    // Why nothing (more) is started now: the breaker, else a policy, else
+    // a node's drain.
+    let draining = maintenance::waiting(o, st, &to_replace);
     let hold: Option<(&str, String)> = match &breaker {
         Breaker::Open { message } => Some((breaker::OPEN, message.clone())),
-        _ => fleet.held.as_ref().map(|h| (h.reason, h.message.clone())),
+        _ => fleet
+            .held
+            .as_ref()
+            .map(|h| (h.reason, h.message.clone()))
+            .or_else(|| draining.clone()),
     };
     if matches!(breaker, Breaker::Open { .. }) && !held_for(st, breaker::OPEN) {
         let message = hold.as_ref().map(|h| h.1.clone()).unwrap_or_default();
         phase::event(actions, true, breaker::OPEN, message);
+    }
+    if let Some((maintenance::DRAIN_TIMED_OUT, message)) = &hold
+        && !held_for(st, maintenance::DRAIN_TIMED_OUT)
+    {
+        phase::event(actions, true, maintenance::DRAIN_TIMED_OUT, message.clone());
     }
     // Held, the stage is not stuck: its deadline counts from when the hold
     // ends (a new subject restarts the clock), and a wait longer than the
     // deadline fails nothing.
     let held_by = match &hold {
         Some((reason, _)) if *reason == breaker::OPEN => " (held by the circuit breaker)",
+        Some(_) if draining.is_some() && fleet.held.is_none() => " (waiting on a drain)",
         Some(_) => " (held by a SafeRolloutPolicy)",
         None => "",
     };
@@ -157,7 +169,18 @@ pub(super) fn roll(
         on_target_ready,
         o,
     );
-    let without_progress = if hold.is_some() {
+    // ...unless its own replacements are in flight: a node it replaced (or
+    // brings back) whose new agent does not serve is its own progress to
+    // make, whoever holds the rest (a release whose agents never turn Ready, holding the
+    // budget itself, would otherwise wait forever).
+    let in_flight = rollout_nodes
+        .iter()
+        .any(|n| !to_replace.contains(n) && !replace::is_available(o.pods, n))
+        || st
+            .converging_nodes
+            .iter()
+            .any(|n| o.nodes.contains_key(n.as_str()) && !replace::is_available(o.pods, n));
+    let without_progress = if hold.is_some() && !in_flight {
         Duration::ZERO
     } else {
         without_progress
@@ -222,9 +245,7 @@ pub(super) fn roll(
     // 0 devices for a moment, instead of halting the whole stage on it. Its
     // own agent is left alone.
     let violating = gates::violating_nodes(&verdicts);
-    if o.fleet.is_some() {
-        fleet.violating.clone_from(&violating);
-    }
+    fleet.violating.clone_from(&violating);
     // A node's pod is replaced once the node carries its stage's label (the
     // runbook's "label the nodes, then roll out there"). Node by node, not
     // once the whole stage carries them: the label writer (beside the
@@ -246,19 +267,37 @@ pub(super) fn roll(
             .chain(st.converging_nodes.iter().map(String::as_str))
             .collect();
         let stable = st.stable_revision.as_deref().unwrap_or_default();
-        let unavailable = replace::unavailable(o, ds, stable, &held, &BTreeSet::new(), &violating);
-        let pods = replace::deletions(
-            o.pods,
-            &replaceable,
-            target,
-            unavailable,
-            &BTreeSet::new(),
-            max_unavailable(o, ds),
-        );
-        if !pods.is_empty() {
-            actions.push(Action::DeletePods { pods });
+        match maintenance::configured(o) {
+            None => {
+                let unavailable =
+                    replace::unavailable(o, ds, stable, &held, &BTreeSet::new(), &violating);
+                let pods = replace::deletions(
+                    o.pods,
+                    &replaceable,
+                    target,
+                    unavailable,
+                    &BTreeSet::new(),
+                    max_unavailable(o, ds),
+                );
+                if !pods.is_empty() {
+                    actions.push(Action::DeletePods { pods });
+                }
+            }
+            Some(m) => replace_in_maintenance(
+                o,
+                ds,
+                m,
+                actions,
+                (stable, target),
+                &held,
+                &violating,
+                &replaceable,
+            ),
         }
     }
+    let maintaining = actions
+        .iter()
+        .any(|a| matches!(a, Action::CordonNodes { .. } | Action::EvictPods { .. }));
 
     let skipped_note = match skipped {
         0 => String::new(),
@@ -299,6 +338,13 @@ pub(super) fn roll(
         } else {
             recheck
         };
+        // A cordon lands, an evicted pod terminates, with nothing that wakes
+        // the rollout for it: look again soon.
+        let recheck = if maintaining || draining.is_some() {
+            recheck.min(DRAIN_RECHECK)
+        } else {
+            recheck
+        };
         return Some(match &hold {
             Some(_) => recheck.min(HOLD_RECHECK),
             None => recheck,
@@ -315,6 +361,43 @@ pub(super) fn roll(
         target,
     )
 }
+
+/// Replaces `replaceable` under `spec.nodeMaintenance`: cordons nodes
+/// within the budget (a marked node counts as down from its cordon), evicts
+/// the workloads of the marked ones, and deletes the agent of those drained
+/// (their slot taken at their cordon).
+#[allow(clippy::too_many_arguments)]
+fn replace_in_maintenance(
+    o: &Observed,
+    ds: &DaemonSetView,
+    m: &saferollout_api::NodeMaintenance,
+    actions: &mut Vec<Action>,
+    (stable, target): (&str, &str),
+    held: &BTreeSet<&str>,
+    violating: &BTreeSet<String>,
+    replaceable: &[&str],
+) {
+    let mut down = violating.clone();
+    down.extend(maintenance::marked(o).into_iter().map(str::to_string));
+    let unavailable = replace::unavailable(o, ds, stable, held, &BTreeSet::new(), &down);
+    let steps = maintenance::steps(o, m, replaceable, unavailable, max_unavailable(o, ds));
+    if !steps.cordon.is_empty() {
+        actions.push(Action::CordonNodes {
+            nodes: steps.cordon,
+        });
+    }
+    if !steps.evict.is_empty() {
+        actions.push(Action::EvictPods { pods: steps.evict });
+    }
+    let prepaid: BTreeSet<String> = steps.drained.iter().map(|n| n.to_string()).collect();
+    let pods = replace::deletions(o.pods, &steps.drained, target, 0, &prepaid, 0);
+    if !pods.is_empty() {
+        actions.push(Action::DeletePods { pods });
+    }
+}
+
+/// How often a stage with a node being cordoned or drained looks again.
+const DRAIN_RECHECK: Duration = Duration::from_secs(2);
 
 /// Most nodes `status.skippedNodes` names.
 const MAX_SKIPPED: usize = 20;

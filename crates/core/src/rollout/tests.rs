@@ -161,15 +161,7 @@ fn a_node_reading_no_devices_for_a_moment_holds_a_slot_without_halting_the_stage
                 .count();
         assert!(down <= 4, "{down} nodes down at maxUnavailable 4");
         let d = m.one_reconcile();
-        let deleted: BTreeSet<&str> = d
-            .actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::DeletePods { pods } => Some(pods.iter().map(|p| p.node.as_str())),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        let deleted = super::nodes_deleted_on(&d.actions);
         assert!(
             deleted.iter().all(|n| !reading_zero.contains(*n)),
             "the agent of a violating node was replaced: {deleted:?}"

@@ -18,6 +18,7 @@ pub mod error;
 pub mod fleet;
 pub mod freshness;
 pub mod labels;
+pub mod maintenance;
 pub mod proof;
 pub mod selector;
 pub mod snapshot;
@@ -73,6 +74,8 @@ pub struct RolloutMemory {
     pub in_place: Option<(DryRunOf, bool)>,
     /// What the probe, logs and prometheus gates read last.
     pub proof: proof::Memory,
+    /// Evictions a disruption budget refused (`spec.nodeMaintenance.drain`).
+    pub drain: maintenance::Memory,
     /// (UID, resource version) of the cached object our finalizer was added
     /// to: until the cache moves past that version it cannot show the
     /// finalizer, and a second add would fail its JSON-patch test (422).
@@ -522,6 +525,8 @@ struct Gathered {
     spec_revision: Option<String>,
     preflight: Option<saferollout_api::PreflightStatus>,
     proof: saferollout_core::gates::proof::ProofEvidence,
+    /// The pods on the nodes in maintenance (`spec.nodeMaintenance.drain`).
+    drain: saferollout_core::drain::DrainEvidence,
     /// When it was read: the gates judge at this instant.
     now: Timestamp,
 }
@@ -555,6 +560,7 @@ async fn gather(
         None => None,
     };
     let proof = proof::gather(sr, ctx, key, &needs, now).await;
+    let drain = maintenance::gather(sr, ctx, key).await;
     let spec_revision = spec_template
         .as_ref()
         .filter(|_| selector::applies(sr))
@@ -570,6 +576,7 @@ async fn gather(
             spec_revision,
             preflight,
             proof,
+            drain,
             now,
         },
         world,
@@ -624,7 +631,9 @@ fn decide(
 ) -> (saferollout_core::Decision, crate::metrics::NodeCounts) {
     let id = ctx.rollout_id(key);
     let device_evidence = world.devices.evidence();
-    let mut evidence = saferollout_core::gates::Evidence::default().with_proof(&gathered.proof);
+    let mut evidence = saferollout_core::gates::Evidence::default()
+        .with_proof(&gathered.proof)
+        .with_drain(&gathered.drain);
     evidence.devices = Some(&device_evidence);
     let extras = Extras {
         spec_template: gathered
@@ -1031,13 +1040,8 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
     // Label writes still queued land first; those the cache does not show
     // yet are in the expectations.
     labels::drain(&ctx.label_writes(), key).await;
-    let mut labelled: BTreeSet<String> = ctx
-        .caches
-        .nodes
-        .state()
-        .iter()
-        .filter(|n| n.labels().get(saferollout_api::ROLLOUT_LABEL) == Some(&id))
-        .map(|n| n.name_any())
+    let mut labelled: BTreeSet<String> = nodes_labelled(ctx, saferollout_api::ROLLOUT_LABEL, &id)
+        .into_iter()
         .collect();
     ctx.memory(key, |m| {
         labelled.extend(m.expectations.labelled_nodes().map(str::to_string))
@@ -1045,6 +1049,12 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
     let labelled: Vec<String> = labelled.into_iter().collect();
     if !labelled.is_empty() {
         writes::unlabel(ctx, &labelled).await?;
+    }
+    // Nodes it cordoned for their maintenance are uncordoned (only those
+    // still carrying its mark), as its quarantine is lifted below.
+    let cordoned = nodes_labelled(ctx, saferollout_api::MAINTENANCE_LABEL, &id);
+    if !cordoned.is_empty() {
+        fenced_uncordon(ctx, key, &cordoned).await?;
     }
     // Quarantine rules and taints cannot be owned by the SafeRollout (rules
     // are cluster-scoped): they go here, with any probe left.
@@ -1056,6 +1066,23 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
     ctx.metrics.forget(&key.0, &key.1);
     ctx.forget(key);
     Ok(Requeue::await_change())
+}
+
+/// The cached nodes whose label `key` is `id`.
+fn nodes_labelled(ctx: &Context, key: &str, id: &str) -> Vec<String> {
+    ctx.caches
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| n.labels().get(key).map(String::as_str) == Some(id))
+        .map(|n| n.name_any())
+        .collect()
+}
+
+/// Uncordons the nodes a deleted SafeRollout left cordoned.
+async fn fenced_uncordon(ctx: &Context, key: &RolloutKey, nodes: &[String]) -> Result<()> {
+    writes::fenced(ctx)?;
+    maintenance::uncordon(ctx, key, nodes).await
 }
 
 /// What `run` needs.

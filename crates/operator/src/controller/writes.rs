@@ -358,12 +358,22 @@ pub async fn perform(
         Action::DeleteProbePods { pods } => super::proof::delete_probes(ctx, key, pods)
             .await
             .map(|_| None),
+        Action::CordonNodes { nodes } => super::maintenance::cordon(ctx, key, nodes)
+            .await
+            .map(|_| None),
+        Action::UncordonNodes { nodes } => super::maintenance::uncordon(ctx, key, nodes)
+            .await
+            .map(|_| None),
+        Action::EvictPods { pods } => super::maintenance::evict(ctx, key, pods)
+            .await
+            .map(|_| None),
     };
     if result.is_ok() {
         match action {
             Action::ApplySpecTemplate | Action::RestoreLastGood { .. } => crash_point("template"),
             Action::BackupTemplate { .. } => crash_point("backup"),
             Action::DeletePods { .. } => crash_point("deletion"),
+            Action::CordonNodes { .. } => crash_point("cordon"),
             Action::Quarantine { .. } => crash_point("quarantine"),
             _ => {}
         }

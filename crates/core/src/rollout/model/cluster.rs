@@ -711,6 +711,39 @@ impl Cluster {
         }
     }
 
+    /// Cordons `node` for the rollout's maintenance: its mark and the
+    /// taint the node lifecycle controller adds (at once, in the model).
+    pub fn cordon(&mut self, node: &str) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.labels
+                .insert(saferollout_api::MAINTENANCE_LABEL.into(), ROLLOUT_ID.into());
+        }
+        self.taint(
+            node,
+            Taint {
+                key: "node.kubernetes.io/unschedulable".into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Uncordons `node` if the rollout's mark is on it.
+    pub fn uncordon(&mut self, node: &str) {
+        let Some(n) = self.nodes.get_mut(node) else {
+            return;
+        };
+        if n.labels
+            .get(saferollout_api::MAINTENANCE_LABEL)
+            .map(String::as_str)
+            != Some(ROLLOUT_ID)
+        {
+            return;
+        }
+        n.labels.remove(saferollout_api::MAINTENANCE_LABEL);
+        self.untaint(node, "node.kubernetes.io/unschedulable");
+    }
+
     /// Removes the taints of `key` from `node`.
     pub fn untaint(&mut self, node: &str, key: &str) {
         if let Some(node) = self.nodes.get_mut(node) {

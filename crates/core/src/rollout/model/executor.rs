@@ -317,7 +317,26 @@ impl Model {
                 .collect(),
             ..Default::default()
         };
-        let evidence = crate::gates::Evidence::default().with_proof(&proof);
+        let drain = crate::drain::DrainEvidence {
+            nodes: seen
+                .nodes
+                .nodes
+                .values()
+                .filter(|n| {
+                    n.labels
+                        .get(saferollout_api::MAINTENANCE_LABEL)
+                        .map(String::as_str)
+                        == Some(super::ROLLOUT_ID)
+                })
+                .map(|n| {
+                    let pods = self.workloads.get(&n.name).cloned().unwrap_or_default();
+                    (n.name.clone(), pods)
+                })
+                .collect(),
+        };
+        let evidence = crate::gates::Evidence::default()
+            .with_proof(&proof)
+            .with_drain(&drain);
         let contents: BTreeMap<String, String> = ds
             .known_revisions
             .iter()
@@ -464,6 +483,23 @@ impl Model {
             Action::LiftQuarantine { taints, .. } => {
                 for t in taints {
                     self.cluster.untaint(&t.node, &t.key);
+                }
+            }
+            Action::CordonNodes { nodes } => {
+                for n in nodes {
+                    self.cluster.cordon(n);
+                }
+            }
+            Action::UncordonNodes { nodes } => {
+                for n in nodes {
+                    self.cluster.uncordon(n);
+                }
+            }
+            Action::EvictPods { pods } => {
+                for e in pods {
+                    if let Some(list) = self.workloads.get_mut(&e.node) {
+                        list.retain(|p| p.uid != e.uid || p.refused.is_some());
+                    }
                 }
             }
             // The model has no device evidence: no probe is asked for (the

@@ -81,6 +81,10 @@ pub struct Model {
     /// A SafeRolloutPolicy governing the rollout, as the operator would
     /// gather it; `None`: none does.
     pub fleet: Option<FleetModel>,
+    /// Workload pods by node, for `nodeMaintenance.drain`: listed on the
+    /// nodes the rollout marked; an eviction removes a pod unless it is
+    /// `refused` (a disruption budget at 0).
+    pub workloads: BTreeMap<String, Vec<crate::drain::WorkloadPod>>,
 }
 
 /// One policy governing the model's rollout (see [`crate::fleet::admit`]).
@@ -166,6 +170,7 @@ impl Model {
             trace: Vec::new(),
             checker,
             fleet: None,
+            workloads: BTreeMap::new(),
         }
     }
 
