@@ -57,9 +57,11 @@ pub struct Drain {
     pub pod_selector: Option<LabelSelector>,
     /// How long a node's drain may wait on evictions (refused by a budget,
     /// or pods still terminating) before the rollout reports it stuck:
-    /// `DrainTimedOut` in the `Ready` condition, a Warning Event, and the
-    /// Degraded alert. Nothing is forced then either: the rollout keeps
-    /// asking, and an abort (or a fixed budget) ends the wait.
+    /// `DrainTimedOut` in the `Ready` condition and a Warning Event (the
+    /// `SafeRolloutStuck` alert fires on its own once nothing progressed
+    /// for `progressDeadline` and 5 minutes more). Nothing is forced then
+    /// either: the rollout keeps asking, and an abort (or a fixed budget)
+    /// ends the wait.
     #[serde(default = "default_drain_timeout")]
     #[schemars(schema_with = "drain_timeout")]
     pub timeout: DurationString,

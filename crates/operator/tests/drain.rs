@@ -303,7 +303,10 @@ async fn a_driver_class_release_drains_each_node_respecting_budgets_and_uncordon
     );
     assert_eq!(st.phase, Some(Phase::Succeeded));
 
-    // A broken release: caught on the cordoned canary, reverted, uncordoned.
+    // A broken release: caught on the cordoned canary, reverted, uncordoned
+    // only after the revert's agent is Ready there (etcd order: node and pod
+    // resource versions come from one counter).
+    let canary_log = record_canary(&env.client, &env.ns.name).await?;
     set_template_image(&env.client, &env.ns.name, "plugin", &env.resource, bad).await?;
     let st = wait_status(&env.client, &env.ns.name, "plugin", TIMEOUT, |st| {
         st.phase == Some(Phase::Degraded) && st.node_maintenance.is_empty()
@@ -313,8 +316,111 @@ async fn a_driver_class_release_drains_each_node_respecting_budgets_and_uncordon
     wait_agents(&env.client, &env.ns.name, v2).await?;
     wait_nodes(&env, |ns| ns.iter().all(|n| !cordoned(n) && !marked(n))).await?;
     sampler.abort();
+    let (log, tasks) = canary_log;
+    for t in tasks {
+        t.abort();
+    }
+    let log = log.lock().unwrap();
+    let first = |what: &dyn Fn(&CanaryEvent) -> bool| log.iter().find(|e| what(e)).map(|e| e.rv);
+    let cordoned_at = first(&|e| e.cordoned == Some(true)).expect("the canary was cordoned");
+    let bad_at = first(&|e| e.agent.as_deref() == Some(bad)).expect("the broken agent ran");
+    let reverted_at = log
+        .iter()
+        .find(|e| e.rv > bad_at && e.agent.as_deref() == Some(v2) && e.ready)
+        .map(|e| e.rv)
+        .expect("the revert's agent turned Ready");
+    let uncordoned_at = log
+        .iter()
+        .find(|e| e.rv > cordoned_at && e.cordoned == Some(false))
+        .map(|e| e.rv)
+        .expect("the canary was uncordoned");
+    assert!(
+        cordoned_at < bad_at && bad_at < reverted_at && reverted_at < uncordoned_at,
+        "cordoned at {cordoned_at}, broken agent at {bad_at}, reverted at {reverted_at}, uncordoned at {uncordoned_at}"
+    );
     assert_eq!(*most_cordoned.lock().unwrap(), 1);
     Ok(())
+}
+
+/// One event of the canary seen by [`record_canary`]: its cordon (node
+/// events) or its agent (pod events), at a resource version.
+struct CanaryEvent {
+    rv: u64,
+    cordoned: Option<bool>,
+    agent: Option<String>,
+    ready: bool,
+}
+
+type CanaryLog = (
+    Arc<Mutex<Vec<CanaryEvent>>>,
+    Vec<tokio::task::JoinHandle<()>>,
+);
+
+/// Records, from a node watch and an agent pod watch, the canary's cordon
+/// and its agents' images and readiness; returns once both watches listed
+/// (what changes after is recorded).
+async fn record_canary(client: &Client, ns: &str) -> anyhow::Result<CanaryLog> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let listed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let rv = |m: &kube::api::ObjectMeta| {
+        m.resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node_log = log.clone();
+    let node_listed = listed.clone();
+    let node_task = tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={CANARY}"));
+        let mut stream = watcher(nodes, config).default_backoff().boxed();
+        while let Some(Ok(ev)) = stream.next().await {
+            if let watcher::Event::InitDone = ev {
+                node_listed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            if let watcher::Event::Apply(n) = ev {
+                node_log.lock().unwrap().push(CanaryEvent {
+                    rv: rv(&n.metadata),
+                    cordoned: Some(cordoned(&n)),
+                    agent: None,
+                    ready: false,
+                });
+            }
+        }
+    });
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod_log = log.clone();
+    let pod_listed = listed.clone();
+    let pod_task = tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default().labels("app=plugin"))
+            .default_backoff()
+            .boxed();
+        while let Some(Ok(ev)) = stream.next().await {
+            if let watcher::Event::InitDone = ev {
+                pod_listed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            if let watcher::Event::Apply(p) = ev
+                && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(CANARY)
+                && p.metadata.deletion_timestamp.is_none()
+            {
+                pod_log.lock().unwrap().push(CanaryEvent {
+                    rv: rv(&p.metadata),
+                    cordoned: None,
+                    agent: Some(image_of(&p).to_string()),
+                    ready: pod_ready(&p),
+                });
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while listed.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the canary's watches did not list"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok((log, vec![node_task, pod_task]))
 }
 
 /// The name of the pod with `uid` among the namespace's pods.
