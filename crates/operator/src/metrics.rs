@@ -142,6 +142,8 @@ pub struct Metrics {
     pub nodes_in_scope: Family<RolloutLabels, Gauge>,
     /// `status.skippedNodes` (capped at 20 in status, as status is).
     pub nodes_skipped: Family<RolloutLabels, Gauge>,
+    /// `status.nodeMaintenance`: the nodes the rollout holds cordoned.
+    pub nodes_in_maintenance: Family<RolloutLabels, Gauge>,
     /// `status.disruptedNodes`: under a SafeRolloutPolicy.
     pub nodes_disrupted: Family<RolloutLabels, Gauge>,
     /// 1 for the reason a SafeRolloutPolicy holds the rollout back, 0 for
@@ -196,6 +198,7 @@ impl Default for Metrics {
             nodes_on_target: Family::default(),
             nodes_in_scope: Family::default(),
             nodes_skipped: Family::default(),
+            nodes_in_maintenance: Family::default(),
             nodes_disrupted: Family::default(),
             waiting: Family::default(),
             progress: Family::default(),
@@ -275,6 +278,11 @@ impl Default for Metrics {
             "rollout_nodes_skipped",
             "Nodes of the DaemonSet the rollout leaves out while they are NotReady or going out of service (status.skippedNodes, at most 20)",
             m.nodes_skipped.clone(),
+        );
+        registry.register(
+            "rollout_nodes_in_maintenance",
+            "Nodes the rollout cordoned for spec.nodeMaintenance (draining, drained or being uncordoned; status.nodeMaintenance)",
+            m.nodes_in_maintenance.clone(),
         );
         registry.register(
             "rollout_nodes_disrupted",
@@ -420,6 +428,9 @@ impl Metrics {
         self.nodes_skipped
             .get_or_create(&l)
             .set(st.skipped_nodes.len() as i64);
+        self.nodes_in_maintenance
+            .get_or_create(&l)
+            .set(st.node_maintenance.len() as i64);
         self.observe_fleet(namespace, name, st);
         match &st.progress {
             Some(p) => {
@@ -553,6 +564,7 @@ impl Metrics {
             &self.nodes_on_target,
             &self.nodes_in_scope,
             &self.nodes_skipped,
+            &self.nodes_in_maintenance,
             &self.progress,
             &self.progress_deadline,
         ] {
@@ -720,6 +732,16 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            node_maintenance: vec![
+                saferollout_api::NodeMaintenanceStatus {
+                    node: "n1".into(),
+                    ..Default::default()
+                },
+                saferollout_api::NodeMaintenanceStatus {
+                    node: "n2".into(),
+                    ..Default::default()
+                },
+            ],
             ..Default::default()
         };
         m.observe_status(
@@ -756,6 +778,7 @@ mod tests {
             r#"saferollout_rollout_stage{namespace="ns",name="sr"} 2"#,
             r#"saferollout_rollout_stages{namespace="ns",name="sr"} 3"#,
             r#"saferollout_rollout_nodes_on_target{namespace="ns",name="sr"} 2"#,
+            r#"saferollout_rollout_nodes_in_maintenance{namespace="ns",name="sr"} 2"#,
             r#"saferollout_rollout_phase_transition_timestamp_seconds{namespace="ns",name="sr"} 1800000000"#,
             r#"saferollout_gate_result{namespace="ns",name="sr",gate="allocatable/x"} -1"#,
             r#"saferollout_rollbacks_total{namespace="ns",name="sr",reason="BelowMinimum"} 1"#,
@@ -768,6 +791,7 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains(r#"saferollout_rollout_phase{namespace="ns""#));
         assert!(!text.contains(r#"saferollout_gate_result{namespace="ns""#));
+        assert!(!text.contains(r#"saferollout_rollout_nodes_in_maintenance{namespace="ns""#));
     }
 
     #[test]
