@@ -156,6 +156,38 @@ pub fn mutable_images(object: &str, pod: &PodSpec, kind: Kind, gating: Gating) -
     findings
 }
 
+/// SR110 for a probe's image (`gates.probe.image`,
+/// `gates.claims.probe.image`): the probe is the gate's judge, and a moving
+/// reference lets the judge change between stages (or between nodes of
+/// one stage) without any revision changing. The operator's probe pods pull
+/// `IfNotPresent`, so only the reference itself can move.
+pub fn mutable_probe_image(object: &str, field: &str, text: &str) -> Option<Finding> {
+    let text_trimmed = text.trim();
+    if text_trimmed.is_empty() {
+        return None;
+    }
+    let image = ImageRef::parse(text_trimmed);
+    let why = mutable_because(&Container::default(), &image)?;
+    let tagged = match image.tag {
+        Some(tag) => format!("{}:{tag}", image.name),
+        None => image.name.to_string(),
+    };
+    Some(
+        Finding::error(
+            codes::MUTABLE_IMAGE,
+            object,
+            format!(
+                "the probe's image {text:?} {why}; nodes that pull it at different times run different probes, so one stage's verdict is not the next one's"
+            ),
+            format!(
+                "pin the probe's image by digest: {}@sha256:<digest> (or {tagged}@sha256:<digest>)",
+                image.name
+            ),
+        )
+        .at(field),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +195,33 @@ mod tests {
 
     const OBJ: &str = "DaemonSet gpu/plugin";
     const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_probes_moving_image_is_an_error_at_its_field_and_a_digest_passes() {
+        let f = mutable_probe_image(
+            "SafeRollout gpu/p",
+            "spec.gates.probe.image",
+            "nvcr.io/nvidia/cloud-native/dcgm:latest",
+        )
+        .expect("latest moves");
+        assert_eq!(f.code, codes::MUTABLE_IMAGE);
+        assert_eq!(f.field.as_deref(), Some("spec.gates.probe.image"));
+        assert!(f.message.contains("probe"), "{}", f.message);
+        let pinned = format!("nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1@{DIGEST}");
+        assert!(mutable_probe_image("o", "f", &pinned).is_none());
+        assert!(
+            mutable_probe_image(
+                "o",
+                "f",
+                "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+            )
+            .is_none()
+        );
+        assert!(
+            mutable_probe_image("o", "f", "busybox").is_some(),
+            "no tag pulls latest"
+        );
+    }
 
     #[test]
     fn references_split_as_the_runtime_reads_them() {

@@ -22,6 +22,27 @@ pub fn lint_safe_rollout(sr: &SafeRollout, psa: Option<PsaLevel>) -> Vec<Finding
         .iter()
         .map(|e| field_error_finding(&object, e))
         .collect();
+    let gates = sr.spec.gates.as_ref();
+    let probes = [
+        (
+            "spec.gates.probe.image",
+            gates
+                .and_then(|g| g.probe.as_ref())
+                .map(|p| p.image.as_str()),
+        ),
+        (
+            "spec.gates.claims.probe.image",
+            gates
+                .and_then(|g| g.claims.as_ref())
+                .and_then(|c| c.probe.as_ref())
+                .map(|p| p.image.as_str()),
+        ),
+    ];
+    for (field, image) in probes {
+        if let Some(image) = image {
+            findings.extend(crate::images::mutable_probe_image(&object, field, image));
+        }
+    }
     match sr.typed_template() {
         Ok(None) => {}
         Ok(Some(template)) => {
