@@ -181,7 +181,7 @@ pub async fn uncordon(ctx: &Context, key: &RolloutKey, nodes: &[String]) -> Resu
             .await
         {
             // Gone, or no longer marked as ours: nothing of ours to lift.
-            Err(kube::Error::Api(s)) if s.code == 404 || super::writes::is_failed_guard(&s) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || super::writing::is_failed_guard(&s) => {}
             r => {
                 r?;
             }

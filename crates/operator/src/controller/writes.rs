@@ -40,15 +40,10 @@ use tracing::{info, warn};
 use super::caches::triggers::Cause;
 use super::error::{Error, Result};
 use super::snapshot::{World, backup_name};
+pub use super::writing::is_failed_guard;
 pub use super::writing::{API_WRITES_IN_FLIGHT, WriteSlots};
 use super::writing::{crash_point, patch_params};
 use super::{Context, RolloutKey};
-
-/// A JSON patch whose `test` operation failed: the API server answers 422
-/// without field causes (an invalid object gets 422 with causes).
-pub fn is_failed_guard(s: &kube::core::Status) -> bool {
-    s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
-}
 
 /// Pod deletions (and a clean-up's label removals) of one action in flight
 /// at once: a batch of maxUnavailable pods is deleted in a few round trips
