@@ -356,11 +356,7 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
     // A node in maintenance takes no workload: disrupted from its cordon
     // to its uncordon.
     disrupted.extend(st.node_maintenance.iter().map(|e| e.node.clone()));
-    for action in actions {
-        if let Action::DeletePods { pods } = action {
-            disrupted.extend(pods.iter().map(|p| p.node.clone()));
-        }
-    }
+    disrupted.extend(nodes_deleted_on(actions).into_iter().map(str::to_string));
     let target = st.target_revision.as_deref();
     let held = st
         .stages

@@ -171,8 +171,8 @@ pub(super) fn roll(
     );
     // ...unless its own replacements are in flight: a node it replaced (or
     // brings back) whose new agent does not serve is its own progress to
-    // make, whoever holds the rest (a release whose agents never turn Ready, holding the
-    // budget itself, would otherwise wait forever).
+    // make, whoever holds the rest (a release whose agents never turn
+    // Ready, holding the budget itself, would otherwise wait forever).
     let in_flight = rollout_nodes
         .iter()
         .any(|n| !to_replace.contains(n) && !replace::is_available(o.pods, n))
