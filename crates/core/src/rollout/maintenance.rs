@@ -113,11 +113,17 @@ pub(super) fn steps<'a>(
 ) -> Steps<'a> {
     let mut free = max_unavailable.saturating_sub(unavailable);
     let mut out = Steps::default();
+    // Drained nodes whose agent still serves: deleting it is what takes
+    // the slot their cordon reserved.
+    let mut serving_drained = Vec::new();
     for &node in replaceable {
         if is_ours(o, node) {
             let judged = judge(o, m, node);
             if judged.done {
                 out.drained.push(node);
+                if replace::is_available(o.pods, node) {
+                    serving_drained.push(node);
+                }
             }
             out.evict.extend(
                 judged
@@ -139,6 +145,14 @@ pub(super) fn steps<'a>(
             free -= 1;
         }
         out.cordon.push(node.to_string());
+    }
+    // The budget shrank under the cordons (the DaemonSet lost nodes since):
+    // more nodes are marked than it allows, so not every reserved slot is
+    // still there. The agents of the last `over` drained nodes stay until
+    // it is (their nodes stay cordoned).
+    let over = unavailable.saturating_sub(max_unavailable);
+    for node in serving_drained.iter().rev().take(over) {
+        out.drained.retain(|n| n != node);
     }
     out
 }

@@ -198,3 +198,47 @@ fn a_quarantined_release_keeps_only_its_failed_nodes_cordoned() {
     );
     no_violations(&m);
 }
+
+/// Found by the property tests: the DaemonSet loses a node while two are
+/// cordoned at `maxUnavailable: 25%` of 8, so the budget drops to 1; the
+/// agents of both cordoned nodes must not go at once.
+#[test]
+fn a_budget_that_shrank_under_the_cordons_deletes_only_what_it_allows() {
+    let mut m = settled(8);
+    with_maintenance(&mut m, false);
+    m.spec.max_unavailable = IntOrString::String("25%".into());
+    m.spec.stages = Some(vec![
+        Stage::new(IntOrString::Int(1)),
+        Stage::new(IntOrString::Int(3)),
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    m.write_revision("v2", Release::Healthy);
+    let mut deleted_node = false;
+    for _ in 0..600 {
+        if let Some(d) = m.reconcile(Lag::default(), Losses::default()) {
+            for a in &d.actions {
+                match a {
+                    Action::DeletePods { pods } if deleted_node => {
+                        assert!(pods.len() <= 1, "{pods:?} deleted at a budget of 1");
+                    }
+                    // Two cordoned at once: a node outside the stage leaves
+                    // the cluster before the next pass.
+                    Action::CordonNodes { nodes } if nodes.len() == 2 && !deleted_node => {
+                        m.delete_node("node-07");
+                        deleted_node = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        no_violations(&m);
+        m.advance();
+        if m.status.phase == Some(Phase::Succeeded) && m.all_on("v2") && cordoned(&m).is_empty() {
+            break;
+        }
+    }
+    assert!(deleted_node, "two nodes were cordoned at once");
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    assert!(cordoned(&m).is_empty(), "left cordoned: {:?}", cordoned(&m));
+}

@@ -182,6 +182,24 @@ impl PairView {
             .map(String::as_str)
     }
 
+    /// The revision by content of an agent pod whose controller is `owner`
+    /// (`None`: no controller) with hash label `hash`. A pod the promotion
+    /// released carries the target's hash while the canary still controls
+    /// it, then none, until the canary's controller has let it go and the
+    /// target's adopted it: its hash names the target's revision. Read by
+    /// the canary's revisions alone it would be of no known revision, and
+    /// the engine would replace it (the second restart the promotion
+    /// exists to avoid).
+    pub fn pod_revision(&self, owner: Option<Owner>, hash: &str) -> Option<&str> {
+        match owner {
+            Some(Owner::Target) => self.revision_of(Owner::Target, hash),
+            Some(Owner::Canary) => self
+                .revision_of(Owner::Canary, hash)
+                .or_else(|| self.revision_of(Owner::Target, hash)),
+            None => self.revision_of(Owner::Target, hash),
+        }
+    }
+
     /// The target's template is the canary's (without what the strategy
     /// adds), without its expression, and its controller observed it.
     pub fn target_on_canary(&self) -> bool {
@@ -314,6 +332,14 @@ mod tests {
             Some(new_name.as_str())
         );
         assert_eq!(view.revision_of(Owner::Canary, "aaa"), None);
+        // A pod released to the target, not adopted yet: the target's hash.
+        assert_eq!(
+            view.pod_revision(Some(Owner::Canary), "bbb"),
+            Some(old_name.as_str())
+        );
+        assert_eq!(view.pod_revision(None, "bbb"), Some(old_name.as_str()));
+        assert_eq!(view.pod_revision(None, "ccc"), None);
+        assert_eq!(view.pod_revision(Some(Owner::Target), "ccc"), None);
         assert!(view.target_expression);
         assert_eq!(view.target.hash.as_deref(), Some("bbb"));
         let pair = view.pair();

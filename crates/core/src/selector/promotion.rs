@@ -129,6 +129,10 @@ pub(super) fn next(ctx: &Context) -> Option<PromotionStep> {
         return (!ctx.promotion.target_written).then_some(PromotionStep::WriteTarget);
     }
     let hash = ctx.target_hash.as_deref()?;
+    // Released already (the target's hash): in transit until the canary's
+    // controller lets it go and the target's adopts it.
+    let releasable: Vec<&&super::OwnedPod> =
+        releasable.into_iter().filter(|p| p.hash != hash).collect();
     if !releasable.is_empty() {
         return Some(PromotionStep::Release {
             pods: releasable

@@ -252,3 +252,71 @@ fn names_fit_kubernetes_limits() {
     assert_eq!(canary_name("plugin"), "plugin-saferollout-canary");
     assert_ne!(canary_name(&long), canary_name(&"y".repeat(200)));
 }
+
+/// A promotion at its release: node n1 and n2 on the canary (r2, passed),
+/// tainted, the canary held, the target's template the canary's (hash h2).
+/// `released`: the canary pods already carrying the target's hash, which
+/// their controller has not let go of yet.
+fn releasing(released: &[&'static str]) -> Context<'static> {
+    let canary_pod = |node: &'static str, uid: &'static str| OwnedPod {
+        owner: Owner::Canary,
+        pod: pod(node, uid, "r2"),
+        hash: if released.contains(&uid) { "h2" } else { "c2" },
+    };
+    let pods = BTreeMap::from([
+        ("n1", vec![canary_pod("n1", "p1")]),
+        ("n2", vec![canary_pod("n2", "p2")]),
+    ]);
+    let agents = pods
+        .iter()
+        .map(|(n, ps)| (*n, node_agents(ps, |_| true)))
+        .collect();
+    Context {
+        pair: Pair {
+            target: Some("r2"),
+            canary: Some(Canary {
+                revision: Some("r2"),
+                retiring: false,
+            }),
+        },
+        order: HandoverOrder::BreakBeforeMake,
+        states: BTreeMap::from([("n1", HandoverState::New), ("n2", HandoverState::New)]),
+        pods,
+        agents,
+        spec_is_target: false,
+        target_hash: Some("h2".into()),
+        stable: Some("r2"),
+        judged: Default::default(),
+        promotion: PromotionFacts {
+            tainted: ["n1", "n2"].into(),
+            canary_held: true,
+            target_on_canary: true,
+            target_written: true,
+            target_has_expression: false,
+        },
+    }
+}
+
+#[test]
+fn a_released_pod_is_not_released_again_and_the_canary_goes_once_all_are() {
+    let release = |uids: &[&str]| {
+        Step::Promote(PromotionStep::Release {
+            pods: uids
+                .iter()
+                .map(|u| PodRef {
+                    name: u.to_string(),
+                    uid: u.to_string(),
+                    node: if *u == "p1" { "n1" } else { "n2" }.into(),
+                    unchanged_since: None,
+                })
+                .collect(),
+            hash: "h2".into(),
+        })
+    };
+    assert_eq!(follow_ups(&releasing(&[]), &[]), [release(&["p1", "p2"])]);
+    assert_eq!(follow_ups(&releasing(&["p1"]), &[]), [release(&["p2"])]);
+    assert_eq!(
+        follow_ups(&releasing(&["p1", "p2"]), &[]),
+        [Step::Promote(PromotionStep::DeleteCanary)]
+    );
+}

@@ -139,7 +139,7 @@ pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
         .in_namespace(&ns)
         .into_iter()
         .filter(|p| match &selector {
-            Some(found) => found.owner_of(&p.metadata).is_some(),
+            Some(found) => found.claims(&p.metadata),
             None => owned_by(&p.metadata, &ds_uid),
         })
         .collect();

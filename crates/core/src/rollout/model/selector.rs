@@ -15,7 +15,9 @@
 //! Revisions: the target's pods carry the hash `<revision>+x` while the
 //! target's template carries the handover expression (a different template
 //! to its controller, the same content to the engine), the canary's
-//! `c-<revision>`; a pod's `revision` is the content either way.
+//! `c-<revision>`; a pod's `revision` is the content either way. A pod the
+//! promotion released keeps the canary as its owner, with the target's
+//! hash, until the next tick of the controllers.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +33,9 @@ use crate::selector::promotion::{PROMOTING_TAINT, PromotionFacts, PromotionStep}
 use crate::selector::{Canary, Context, OwnedPod, Owner, Pair, Step};
 
 /// The hash the target's controller gives its pods of `revision`.
+/// The prefix of the canary's hashes.
+const CANARY_HASH_PREFIX: &str = "c-";
+
 fn target_hash(revision: &str, expression: bool) -> String {
     if expression {
         format!("{revision}+x")
@@ -104,6 +109,14 @@ impl Cluster {
             c.held = all_tainted;
             c.sync_pending = false;
         }
+        // A released pod (the target's hash, no canary label) no longer
+        // matches the canary's selector: its controller lets it go and the
+        // target's adopts it.
+        for p in self.pods.values_mut() {
+            if p.owner == Owner::Canary && !p.hash.starts_with(CANARY_HASH_PREFIX) {
+                p.owner = Owner::Target;
+            }
+        }
         let mut created = Vec::new();
         let covered = self.covered_nodes();
         let expression = self.sel().target_expression;
@@ -130,7 +143,7 @@ impl Cluster {
                         ),
                         Owner::Canary => {
                             let t = canary_template.clone().expect("canary matches");
-                            let hash = format!("c-{t}");
+                            let hash = format!("{CANARY_HASH_PREFIX}{t}");
                             (t, hash)
                         }
                     };
@@ -518,12 +531,14 @@ impl Model {
                 self.cluster.sel_mut().target_expression = false;
                 self.cluster.ds.generation += 1;
             }
+            // The pod stays the canary's until its controller lets it go
+            // and the target's adopts it (`selector_controllers`): a pass
+            // in between sees a canary pod with the target's hash.
             PromotionStep::Release { pods, hash } => {
                 for r in pods {
                     if let Some(p) = self.cluster.pods.get_mut(&r.uid)
                         && p.owner == Owner::Canary
                     {
-                        p.owner = Owner::Target;
                         p.hash = hash.clone();
                     }
                 }

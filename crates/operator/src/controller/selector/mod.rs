@@ -14,14 +14,16 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use saferollout_api::{PROMOTING_TAINT, SafeRollout, SafeRolloutStatus, Strategy};
+use saferollout_api::{
+    PROMOTING_TAINT, REVISION_HASH_LABEL, SafeRollout, SafeRolloutStatus, Strategy,
+};
 use saferollout_core::expectations::Expectations;
 use saferollout_core::objects::{SlimNode, SlimPod};
 use saferollout_core::revision::revision_hash;
 use saferollout_core::selector::observe::{Found as PairFound, OwnedRevision, PairView};
 use saferollout_core::selector::{
-    Context, OwnedPod, Owner, PromotionFacts, canary_name, handover_label_key, judged_nodes,
-    lay_deletions, node_agents,
+    CANARY_OF_LABEL, Context, OwnedPod, Owner, PromotionFacts, canary_name, handover_label_key,
+    judged_nodes, lay_deletions, node_agents,
 };
 use saferollout_core::views::AgentPod;
 
@@ -64,6 +66,19 @@ pub fn canary_of(sr: &SafeRollout, caches: &Caches) -> Option<Arc<DaemonSet>> {
         .get(&ns)?
         .get(&ObjectRef::new(&name).within(&ns))
         .filter(|c| controller_uid(&c.metadata) == Some(uid))
+}
+
+/// A pod without a controller, without the canary label and with a hash of
+/// the target's: the promotion released it, the canary's controller let it
+/// go and the target's has not adopted it yet (it will: the pod matches its
+/// selector). Left out, its node would read as having no agent for that
+/// moment.
+fn released_in_transit(meta: &kube::api::ObjectMeta, view: &PairView) -> bool {
+    let labels = meta.labels.as_ref();
+    let hash = labels.and_then(|l| l.get(REVISION_HASH_LABEL));
+    controller_uid(meta).is_none()
+        && labels.is_none_or(|l| !l.contains_key(CANARY_OF_LABEL))
+        && hash.is_some_and(|h| view.pod_revision(None, h).is_some())
 }
 
 impl Found {
@@ -147,6 +162,12 @@ impl Found {
         }
     }
 
+    /// A pod of the pair: controlled by either DaemonSet, or released to
+    /// the target and not adopted yet ([`released_in_transit`]).
+    pub fn claims(&self, meta: &kube::api::ObjectMeta) -> bool {
+        self.owner_of(meta).is_some() || released_in_transit(meta, &self.view)
+    }
+
     /// The stripped template of a revision by content, and its number
     /// (the last-good backup records it).
     pub fn template_of(&self, revision: &str) -> Option<(serde_json::Value, i64)> {
@@ -174,10 +195,14 @@ impl Found {
         let mut owned: Vec<OwnedPod<'a>> = pods
             .iter()
             .filter_map(|p| {
-                let owner = self.owner_of(&p.metadata)?;
                 let mut pod = AgentPod::of(p)?;
                 let hash = pod.revision;
-                pod.revision = self.view.revision_of(owner, hash).unwrap_or(hash);
+                let owner = match self.owner_of(&p.metadata) {
+                    Some(owner) => owner,
+                    None if released_in_transit(&p.metadata, &self.view) => Owner::Target,
+                    None => return None,
+                };
+                pod.revision = self.view.pod_revision(Some(owner), hash).unwrap_or(hash);
                 Some(OwnedPod { owner, pod, hash })
             })
             .collect();
