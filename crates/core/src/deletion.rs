@@ -33,6 +33,22 @@ pub struct HandBack {
     pub message: String,
 }
 
+/// What deleting a SafeRollout of a DaemonSet `owner` owns does: nothing
+/// to the DaemonSet, whose template and strategy are the owner's (a stopped
+/// release is put back in the owner's fields by a person, as the stop's
+/// condition said).
+pub fn hand_back_owned(owner: crate::owner::OwnerView) -> HandBack {
+    HandBack {
+        restore_last_good: false,
+        restore_strategy: false,
+        content: None,
+        message: format!(
+            "the DaemonSet is owned by {}, which writes its template and update strategy: left as it is",
+            owner.describe()
+        ),
+    }
+}
+
 /// What deleting the SafeRollout does, from its status, the revision the
 /// DaemonSet carries (`None`: unknown or no DaemonSet), whether an agent pod
 /// still runs the stopped revision, the `on-delete` annotation, and the

@@ -27,6 +27,8 @@
 //! - [`transitions`]: what changed between two statuses (for metrics).
 //! - [`drain`]: which of a node's pods `spec.nodeMaintenance.drain` evicts,
 //!   leaves or is held by.
+//! - [`owner`]: a target DaemonSet another controller owns (the vendors'
+//!   GPU operators): what it reconciles, and the fields to name.
 //! - [`deletion`]: how deleting a SafeRollout hands its DaemonSet back.
 //! - [`handover`]: one node's handover between the target and the canary
 //!   DaemonSet under the `Selector` strategy.
@@ -50,6 +52,7 @@ pub mod gates;
 pub mod handover;
 pub mod limits;
 pub mod objects;
+pub mod owner;
 pub mod pass;
 pub mod plan;
 pub mod preflight;

@@ -301,6 +301,10 @@ pub struct DaemonSetView<'a> {
     /// Every revision the DaemonSet still has a ControllerRevision for.
     pub known_revisions: Vec<&'a str>,
     pub placement: Placement<'a>,
+    /// Its controller owner (a vendor's GPU operator), if any: then
+    /// saferollout writes nothing that owner reconciles
+    /// ([`crate::owner`]).
+    pub owner: Option<crate::owner::OwnerView<'a>>,
 }
 
 impl<'a> DaemonSetView<'a> {
@@ -322,6 +326,7 @@ impl<'a> DaemonSetView<'a> {
             current_revision,
             known_revisions,
             placement: Placement::of(ds.spec.template.spec.as_ref()),
+            owner: crate::owner::OwnerView::of(ds.metadata.owner_references.as_deref()),
         }
     }
 

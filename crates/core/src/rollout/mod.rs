@@ -49,6 +49,8 @@ mod maintenance_tests;
 #[cfg(test)]
 mod model;
 #[cfg(test)]
+mod owner_tests;
+#[cfg(test)]
 mod properties;
 #[cfg(test)]
 mod selector_tests;
@@ -450,6 +452,11 @@ fn step(
         refuse(o, st, &refused);
         return None;
     }
+    if let Some(owner) = ds.owner
+        && !owner_allows(o, st, actions, ds, owner)
+    {
+        return None;
+    }
     if !take_over(o, st, actions, ds) {
         return None;
     }
@@ -503,6 +510,72 @@ fn step(
         return None;
     }
     stage::roll(o, st, actions, ds, current, fleet)
+}
+
+/// Owner-aware mode ([`crate::owner`]): false (with the condition saying
+/// why, and nothing touched) while the owner would fight the rollout: it
+/// reconciles the update strategy and its own setting does not make the
+/// DaemonSet `OnDelete`, or the SafeRollout carries `spec.template`, which
+/// only the owner may write.
+fn owner_allows(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    ds: &DaemonSetView,
+    owner: crate::owner::OwnerView,
+) -> bool {
+    if o.spec.strategy == saferollout_api::Strategy::Selector {
+        phase::stalled(
+            st,
+            o,
+            saferollout_api::Phase::Failed,
+            "InvalidSpec",
+            format!(
+                "spec.strategy: DaemonSet {:?} is owned by {}, which reconciles its spec: strategy Selector would write a node-affinity term there; use InPlace",
+                o.spec.target_ref.name,
+                owner.describe()
+            ),
+        );
+        return false;
+    }
+    if o.spec.template.is_some() {
+        phase::stalled(
+            st,
+            o,
+            saferollout_api::Phase::Failed,
+            "InvalidSpec",
+            format!(
+                "spec.template: DaemonSet {:?} is owned by {}, which writes its template; a release is made in the owner ({}), and this SafeRollout stages and gates it: remove spec.template",
+                o.spec.target_ref.name,
+                owner.describe(),
+                owner.version_fields()
+            ),
+        );
+        return false;
+    }
+    if owner.reconciles_strategy() && !ds.is_on_delete() {
+        let first = st
+            .condition(crate::conditions::READY)
+            .is_none_or(|c| c.reason != "OwnerNotOnDelete");
+        let message = format!(
+            "DaemonSet {:?} is owned by {}, which reconciles its update strategy: set {} (saferollout writes nothing its owner reconciles, and touches nothing until then)",
+            o.spec.target_ref.name,
+            owner.describe(),
+            owner.on_delete_field()
+        );
+        if first {
+            phase::event(actions, true, "OwnerNotOnDelete", message.clone());
+        }
+        phase::stalled(
+            st,
+            o,
+            saferollout_api::Phase::Failed,
+            "OwnerNotOnDelete",
+            message,
+        );
+        return false;
+    }
+    true
 }
 
 /// Whether this pass would roll the DaemonSet's revision forward: one that
@@ -801,6 +874,22 @@ fn restore_blocked(
     current: &str,
     stable: &str,
 ) {
+    if let Some(owner) = o.daemonset.and_then(|d| d.owner) {
+        // The owner wrote it: only the owner can take it back.
+        let msg = format!(
+            "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation) and its owner {} wrote it: put back {} as they were for revision {stable}; nothing more is replaced meanwhile",
+            owner.describe(),
+            owner.version_fields()
+        );
+        phase::stalled(
+            st,
+            o,
+            saferollout_api::Phase::Degraded,
+            "BlockedRevision",
+            msg,
+        );
+        return;
+    }
     actions.push(restore_last_good(st));
     if st.target_revision.as_deref() == Some(current) {
         // The revert under way: its phase stands while the restore lands.

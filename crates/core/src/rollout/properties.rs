@@ -97,6 +97,9 @@ struct Scenario {
     selector: Option<HandoverOrder>,
     /// `nodeMaintenance: {cordon: true}` (InPlace only).
     maintenance: bool,
+    /// The DaemonSet is owned by a vendor's operator (NVIDIA's, which
+    /// reconciles its strategy: set to OnDelete by the owner).
+    owned: bool,
     steps: Vec<Step>,
 }
 
@@ -184,7 +187,10 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             1 => Just(Some(HandoverOrder::MakeBeforeBreak)),
         ],
         prop::collection::vec(step(), 20..250),
-        prop_oneof![2 => Just(false), 1 => Just(true)],
+        (
+            prop_oneof![2 => Just(false), 1 => Just(true)],
+            prop_oneof![3 => Just(false), 1 => Just(true)],
+        ),
     )
         .prop_map(
             |(
@@ -199,7 +205,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 allocatable_soak,
                 selector,
                 steps,
-                maintenance,
+                (maintenance, owned),
             )| {
                 // Opt-in while findings are open (docs/design/selector-strategy.md,
                 // "Open findings"); drawn either way, so a seed maps to the
@@ -217,6 +223,9 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     // Selector needs spec.template (GitOps mode).
                     gitops: gitops || selector.is_some(),
                     maintenance: maintenance && selector.is_none(),
+                    // Owner-aware mode: the owner writes the template, so no
+                    // spec.template (GitOps) and no Selector strategy.
+                    owned: owned && selector.is_none() && !gitops,
                     selector,
                     steps,
                 }
@@ -247,6 +256,10 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     });
     if let Some(sample) = s.probe {
         m.add_probe_gate(sample);
+    }
+    if s.owned {
+        m.owner = Some(("nvidia.com/v1".into(), "ClusterPolicy".into()));
+        m.cluster.ds.strategy = "OnDelete".into();
     }
     if s.maintenance {
         m.spec.node_maintenance = Some(saferollout_api::NodeMaintenance {

@@ -904,6 +904,22 @@ fn fail_stage(
     } else {
         o.spec.on_failure
     };
+    // Owner-aware mode: the last good template cannot be written over what
+    // the owner reconciles; the rollout stops, naming what to put back.
+    let owner = o.daemonset.and_then(|d| d.owner);
+    let (policy, message) = match owner {
+        Some(owner) if policy == OnFailure::Revert => (
+            OnFailure::Halt,
+            format!(
+                "{message}; DaemonSet {:?} is owned by {}, so it is not reverted by saferollout: put back {} as they were for revision {}",
+                o.spec.target_ref.name,
+                owner.describe(),
+                owner.version_fields(),
+                st.stable_revision.as_deref().unwrap_or_default()
+            ),
+        ),
+        _ => (policy, message),
+    };
     match policy {
         OnFailure::Revert => actions.push(super::restore_last_good(st)),
         OnFailure::Quarantine | OnFailure::Halt => {

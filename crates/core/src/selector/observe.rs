@@ -232,6 +232,7 @@ impl PairView {
             current_revision: carrier.settled(),
             known_revisions: known.into_iter().collect(),
             placement: Placement::of(self.target_template.spec.as_ref()),
+            owner: None,
         }
     }
 }

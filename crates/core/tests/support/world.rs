@@ -186,6 +186,7 @@ impl World {
             current_revision: Some(self.template.as_str()),
             known_revisions: self.revisions.iter().map(String::as_str).collect(),
             placement: Placement::default(),
+            owner: None,
         };
         let evidence = Evidence::default();
         let limits = AdminLimits::unlimited();

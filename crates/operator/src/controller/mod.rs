@@ -1009,15 +1009,21 @@ async fn cleanup(sr: &SafeRollout, ctx: &Context, key: &RolloutKey) -> Result<Re
         let agents_on_stopped = world
             .agent_pods()
             .any(|p| !p.deleting && Some(p.revision) == stopped);
-        let hand_back = saferollout_core::deletion::hand_back(
-            status,
-            world.current_revision(),
-            agents_on_stopped,
-            sr.annotations()
-                .get(saferollout_api::ON_DELETE_ANNOTATION)
-                .map(String::as_str),
-            world.backup_content.as_deref(),
-        );
+        let owner = world.ds.as_ref().and_then(|d| {
+            saferollout_core::owner::OwnerView::of(d.metadata.owner_references.as_deref())
+        });
+        let hand_back = match owner {
+            Some(owner) => saferollout_core::deletion::hand_back_owned(owner),
+            None => saferollout_core::deletion::hand_back(
+                status,
+                world.current_revision(),
+                agents_on_stopped,
+                sr.annotations()
+                    .get(saferollout_api::ON_DELETE_ANNOTATION)
+                    .map(String::as_str),
+                world.backup_content.as_deref(),
+            ),
+        };
         if hand_back.restore_last_good {
             // Waited for: the strategy is handed back only over the last good template.
             let restore = Action::RestoreLastGood {

@@ -83,6 +83,25 @@ impl Checker {
 impl Model {
     /// Rules on an action as it is performed.
     pub(super) fn check_action(&mut self, action: &Action) {
+        // Owner-aware mode: nothing the owner reconciles is ever written.
+        let owner = self
+            .owner
+            .as_ref()
+            .map(|(api_version, kind)| crate::owner::OwnerView {
+                api_version,
+                kind,
+                name: "vendor",
+            });
+        let reconciled = match action {
+            Action::TakeOverUpdates => owner.is_some_and(|o| o.reconciles_strategy()),
+            Action::ApplySpecTemplate | Action::RestoreLastGood { .. } => owner.is_some(),
+            _ => false,
+        };
+        if reconciled {
+            self.checker.violations.push(format!(
+                "a write to a DaemonSet its owner reconciles: {action:?}"
+            ));
+        }
         match action {
             Action::RestoreLastGood { content } => match &self.cluster.backup {
                 None => self

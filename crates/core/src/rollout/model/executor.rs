@@ -285,6 +285,14 @@ impl Model {
                 node_selector: Some(&sel),
                 ..Default::default()
             },
+            owner: self
+                .owner
+                .as_ref()
+                .map(|(api_version, kind)| crate::owner::OwnerView {
+                    api_version,
+                    kind,
+                    name: "vendor",
+                }),
         };
         let spec_revision = self.spec_hash.as_ref().map(|h| format!("spec-{h}"));
         let spec_template = self.spec_hash.as_deref().map(|hash| SpecTemplate {

@@ -85,6 +85,9 @@ pub struct Model {
     /// nodes the rollout marked; an eviction removes a pod unless it is
     /// `refused` (a disruption budget at 0).
     pub workloads: BTreeMap<String, Vec<crate::drain::WorkloadPod>>,
+    /// The DaemonSet's controller owner (apiVersion, kind): a vendor's
+    /// operator, whose DaemonSet the rollout must never write.
+    pub owner: Option<(String, String)>,
 }
 
 /// One policy governing the model's rollout (see [`crate::fleet::admit`]).
@@ -171,6 +174,7 @@ impl Model {
             checker,
             fleet: None,
             workloads: BTreeMap::new(),
+            owner: None,
         }
     }
 

@@ -1,0 +1,122 @@
+//! Owner-aware mode against the model (issue 39): a DaemonSet a vendor's
+//! operator owns is never written where the owner reconciles it; the
+//! owner's own OnDelete setting is required; a failure stops the rollout
+//! naming the owner's fields instead of writing the last good template.
+
+use saferollout_api::{OnFailure, Phase};
+
+use super::Action;
+use super::model::{Model, Release};
+use super::tests::no_violations;
+use crate::conditions;
+
+const NVIDIA: (&str, &str) = ("nvidia.com/v1", "ClusterPolicy");
+const INTEL: (&str, &str) = ("deviceplugin.intel.com/v1", "GpuDevicePlugin");
+
+fn owned(nodes: usize, (api_version, kind): (&str, &str), on_delete: bool) -> Model {
+    let mut m = Model::new(nodes);
+    m.owner = Some((api_version.into(), kind.into()));
+    if on_delete {
+        m.cluster.ds.strategy = "OnDelete".into();
+    }
+    m
+}
+
+fn ready(m: &Model) -> (String, String) {
+    let c = conditions::get(&m.status.conditions, conditions::READY).expect("Ready");
+    (c.reason.clone(), c.message.clone())
+}
+
+fn writes(m: &Model) -> usize {
+    m.actions_log
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::TakeOverUpdates
+                    | Action::ApplySpecTemplate
+                    | Action::RestoreLastGood { .. }
+            )
+        })
+        .count()
+}
+
+#[test]
+fn an_owner_that_reconciles_the_strategy_must_set_on_delete_itself_and_nothing_is_touched_before() {
+    let mut m = owned(4, NVIDIA, false);
+    m.run(30);
+    let (reason, message) = ready(&m);
+    assert_eq!(reason, "OwnerNotOnDelete");
+    assert!(
+        message.contains("spec.daemonsets.updateStrategy: OnDelete in ClusterPolicy vendor"),
+        "{message}"
+    );
+    assert_eq!(m.status.phase, Some(Phase::Failed));
+    assert!(
+        m.actions_log
+            .iter()
+            .all(|a| matches!(a, Action::Event { .. })),
+        "{:?}",
+        m.actions_log
+    );
+    let warned = m
+        .actions_log
+        .iter()
+        .filter(|a| matches!(a, Action::Event { reason, .. } if reason == "OwnerNotOnDelete"))
+        .count();
+    assert_eq!(warned, 1, "one Warning Event, not one a pass");
+    // The owner's field set: adopted, then a release the owner writes goes
+    // through the stages with only pod deletions.
+    m.cluster.ds.strategy = "OnDelete".into();
+    m.run(60);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    m.write_revision("v2", Release::Healthy);
+    m.run(600);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    assert_eq!(writes(&m), 0);
+    no_violations(&m);
+}
+
+#[test]
+fn a_failed_release_of_an_owned_daemonset_stops_naming_the_owners_fields() {
+    let mut m = owned(4, NVIDIA, true);
+    m.run(60);
+    m.write_revision("v2", Release::Broken);
+    m.run(600);
+    let stopped = m.status.stopped.clone().expect("stopped, not reverted");
+    assert_eq!(stopped.policy, OnFailure::Halt);
+    assert!(
+        stopped.message.contains("owned by ClusterPolicy/vendor")
+            && stopped
+                .message
+                .contains("spec.devicePlugin.repository, image and version"),
+        "{}",
+        stopped.message
+    );
+    assert_eq!(writes(&m), 0, "no template written over the owner's");
+    no_violations(&m);
+}
+
+#[test]
+fn an_owner_that_leaves_the_strategy_alone_gets_on_delete_from_saferollout() {
+    let mut m = owned(3, INTEL, false);
+    m.run(60);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert_eq!(m.cluster.ds.strategy, "OnDelete");
+    m.write_revision("v2", Release::Healthy);
+    m.run(600);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}
+
+#[test]
+fn spec_template_is_refused_on_an_owned_daemonset() {
+    let mut m = owned(3, NVIDIA, true);
+    m.spec.template = Some(serde_json::json!({"spec": {"containers": []}}));
+    m.run(30);
+    let (reason, message) = ready(&m);
+    assert_eq!(reason, "InvalidSpec");
+    assert!(message.starts_with("spec.template:"), "{message}");
+    assert_eq!(writes(&m), 0);
+}
