@@ -205,7 +205,6 @@ async fn wait_promoted(
     let dss: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.ns.name);
     saferollout_testkit::wait_for_object(&dss, &canary_name("plugin"), TIMEOUT, |d| d.is_none())
         .await?;
-    let pods = wait_every_node_on(env, image).await?;
     saferollout_testkit::wait_for_all(
         &Api::<Node>::all(env.client.clone()),
         watcher::Config::default(),
@@ -226,7 +225,9 @@ async fn wait_promoted(
         },
     )
     .await?;
-    Ok(pods)
+    // Read once the promotion ended: the taints stay until the target has
+    // adopted every released pod.
+    wait_every_node_on(env, image).await
 }
 
 /// Every node's agent was created exactly once in `created`.

@@ -72,7 +72,9 @@ pub fn canary_of(sr: &SafeRollout, caches: &Caches) -> Option<Arc<DaemonSet>> {
 /// the target's: the promotion released it, the canary's controller let it
 /// go and the target's has not adopted it yet (it will: the pod matches its
 /// selector). Left out, its node would read as having no agent for that
-/// moment.
+/// moment. It counts as the canary's until adopted, so the promotion's last
+/// steps (untaint, then remove the labels) wait for the adoption; its hash
+/// still names the target's revision ([`PairView::pod_revision`]).
 fn released_in_transit(meta: &kube::api::ObjectMeta, view: &PairView) -> bool {
     let labels = meta.labels.as_ref();
     let hash = labels.and_then(|l| l.get(REVISION_HASH_LABEL));
@@ -199,7 +201,7 @@ impl Found {
                 let hash = pod.revision;
                 let owner = match self.owner_of(&p.metadata) {
                     Some(owner) => owner,
-                    None if released_in_transit(&p.metadata, &self.view) => Owner::Target,
+                    None if released_in_transit(&p.metadata, &self.view) => Owner::Canary,
                     None => return None,
                 };
                 pod.revision = self.view.pod_revision(Some(owner), hash).unwrap_or(hash);
