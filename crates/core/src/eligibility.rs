@@ -277,12 +277,68 @@ pub fn out_of_service(node: &NodeView) -> Option<String> {
     })
 }
 
+/// The label NVIDIA's upgrade controller (GPU Operator, k8s-operator-libs
+/// `upgrade`) moves each node through during a driver upgrade:
+/// `upgrade-required`, `cordon-required`, `wait-for-jobs-required`,
+/// `pod-deletion-required`, `drain-required`, `pod-restart-required` (the
+/// driver pod and the operands that depend on it, the device plugin among
+/// them, are deleted and come back), `validation-required`,
+/// `uncordon-required`, then `upgrade-done`; or `upgrade-failed`.
+pub const NVIDIA_DRIVER_UPGRADE_LABEL: &str = "nvidia.com/gpu-driver-upgrade-state";
+/// The label AMD's GPU Operator sets on a node whose driver it is to
+/// upgrade (`upgrade-required`).
+pub const AMD_DRIVER_UPGRADE_LABEL: &str = "operator.amd.com/gpu-driver-upgrade-state";
+/// The taint AMD's GPU Operator puts on a node for its driver upgrade
+/// (`amd-gpu-driver-upgrade=true:NoSchedule`, `upgrademgr.go`) before it
+/// deletes the node's GPU pods, its device plugin's among them.
+pub const AMD_DRIVER_UPGRADE_TAINT: &str = "amd-gpu-driver-upgrade";
+
+/// Why `node` is in a vendor's driver upgrade, if it is: the upgrade
+/// controller is about to delete, or is deleting and bringing back, the
+/// node's driver and the agents that depend on it, whatever the rollout
+/// does. `upgrade-done` (or no label) is not an upgrade; `upgrade-failed`
+/// is one that has not ended (the node's driver is not the fleet's).
+pub fn driver_upgrade(node: &NodeView) -> Option<String> {
+    if let Some(state) = node
+        .label(NVIDIA_DRIVER_UPGRADE_LABEL)
+        .filter(|s| !s.is_empty() && *s != "upgrade-done")
+    {
+        return Some(format!(
+            "the GPU Operator is upgrading its driver (label {NVIDIA_DRIVER_UPGRADE_LABEL}={state})"
+        ));
+    }
+    if let Some(t) = node
+        .taints
+        .iter()
+        .find(|t| t.key == AMD_DRIVER_UPGRADE_TAINT)
+    {
+        return Some(format!(
+            "the AMD GPU Operator is upgrading its driver (taint {})",
+            taint_string(t)
+        ));
+    }
+    node.label(AMD_DRIVER_UPGRADE_LABEL)
+        .filter(|s| !s.is_empty())
+        .map(|state| {
+            format!(
+                "the AMD GPU Operator is to upgrade its driver (label {AMD_DRIVER_UPGRADE_LABEL}={state})"
+            )
+        })
+}
+
+/// The reason a node in a vendor's driver upgrade is left out or waited for.
+pub const DRIVER_UPGRADE: &str = "DriverUpgrade";
+
 /// Why `node` is out of service for a reason that is not the rollout's:
-/// NotReady, or someone else is taking it out ([`out_of_service`]). Such a
-/// node that the rollout never took is skipped, not waited for.
+/// NotReady, in a vendor's driver upgrade ([`driver_upgrade`]), or someone
+/// else is taking it out ([`out_of_service`]). Such a node that the rollout
+/// never took is skipped, not waited for.
 pub fn left_out(node: &NodeView) -> Option<(&'static str, String)> {
     if !node.ready {
         return Some(("NodeNotReady", "the node is not Ready".into()));
+    }
+    if let Some(why) = driver_upgrade(node) {
+        return Some((DRIVER_UPGRADE, why));
     }
     out_of_service(node).map(|why| ("NodeOutOfService", why))
 }

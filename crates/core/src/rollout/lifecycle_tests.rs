@@ -203,3 +203,138 @@ fn nodes_going_not_ready_elsewhere_hold_the_rollout_until_they_are_back() {
     assert!(m.all_on("v2"));
     no_violations(&m);
 }
+
+fn label(m: &mut Model, node: &str, key: &str, value: &str) {
+    m.cluster
+        .nodes
+        .get_mut(node)
+        .unwrap()
+        .labels
+        .insert(key.into(), value.into());
+}
+
+#[test]
+fn a_node_in_a_vendor_driver_upgrade_is_left_out_before_the_rollout_takes_it() {
+    let mut m = settled(4);
+    label(
+        &mut m,
+        "node-02",
+        crate::eligibility::NVIDIA_DRIVER_UPGRADE_LABEL,
+        "cordon-required",
+    );
+    // A finished upgrade is no upgrade.
+    label(
+        &mut m,
+        "node-03",
+        crate::eligibility::NVIDIA_DRIVER_UPGRADE_LABEL,
+        "upgrade-done",
+    );
+    m.write_revision("v2", Release::Healthy);
+    m.run(900);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert_eq!(
+        skipped(&m),
+        [(
+            "node-02".to_string(),
+            crate::eligibility::DRIVER_UPGRADE.to_string()
+        )]
+    );
+    assert!(
+        m.status.skipped_nodes[0]
+            .message
+            .contains("nvidia.com/gpu-driver-upgrade-state=cordon-required"),
+        "{:?}",
+        m.status.skipped_nodes
+    );
+    no_violations(&m);
+}
+
+/// A driver upgrade by the vendor's upgrade controller starts on a node the
+/// stage holds, before its agent is replaced: the controller deletes the
+/// node's agent (the DaemonSet, OnDelete, brings it back on its current
+/// template). The stage waits, far past its progress deadline, without
+/// failing, replacing or judging that node, and keeps its budget; once the
+/// upgrade ends it judges afresh and finishes.
+#[test]
+fn a_driver_upgrade_starting_mid_stage_is_waited_for_within_the_budget() {
+    let mut m = settled(6);
+    m.spec.max_unavailable = IntOrString::Int(1);
+    m.spec.progress_deadline = "30s".into();
+    m.spec.stages = Some(vec![
+        Stage::new(IntOrString::Int(1)),
+        Stage::new(IntOrString::String("100%".into())),
+    ]);
+    m.write_revision("v2", Release::Healthy);
+    until(&mut m, 300, |m| {
+        m.status.stages.len() == 2 && v2_ready_on(m).len() == 2
+    });
+    let upgraded = m.status.stages[1]
+        .nodes
+        .iter()
+        .find(|n| {
+            m.cluster
+                .pods
+                .values()
+                .any(|p| &p.node == *n && p.revision == "v1")
+        })
+        .cloned()
+        .expect("a node of stage 2 still on v1");
+    label(
+        &mut m,
+        &upgraded,
+        crate::eligibility::NVIDIA_DRIVER_UPGRADE_LABEL,
+        "pod-restart-required",
+    );
+    // The caches show the label before the upgrade controller goes on.
+    m.advance();
+    let uid = m
+        .cluster
+        .pods
+        .values()
+        .find(|p| p.node == upgraded)
+        .map(|p| p.uid.clone())
+        .unwrap();
+    let now = m.now;
+    m.cluster.delete_pod(&uid, None, now);
+    let logged = m.actions_log.len();
+    // Ten progress deadlines.
+    for _ in 0..300 {
+        m.one_reconcile();
+        no_violations(&m);
+    }
+    assert_eq!(m.status.phase, Some(Phase::Progressing), "{:#?}", m.status);
+    assert!(m.status.stopped.is_none() && m.status.blocked_revisions.is_empty());
+    let ready = conditions::get(&m.status.conditions, conditions::READY).unwrap();
+    assert_eq!(ready.reason, crate::eligibility::DRIVER_UPGRADE);
+    assert!(
+        ready.message.contains(&upgraded) && ready.message.contains("pod-restart-required"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(m.status.current_stage, Some(1), "the stage does not pass");
+    let touched: Vec<_> = m.actions_log[logged..]
+        .iter()
+        .filter_map(|a| match a {
+            super::Action::DeletePods { pods } => {
+                Some(pods.iter().filter(|p| p.node == upgraded).count())
+            }
+            _ => None,
+        })
+        .filter(|n| *n > 0)
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "the operator deleted {upgraded}'s agent: {:?}",
+        &m.actions_log[logged..]
+    );
+    label(
+        &mut m,
+        &upgraded,
+        crate::eligibility::NVIDIA_DRIVER_UPGRADE_LABEL,
+        "upgrade-done",
+    );
+    m.run(900);
+    assert_eq!(m.status.phase, Some(Phase::Succeeded), "{:#?}", m.status);
+    assert!(m.all_on("v2"));
+    no_violations(&m);
+}

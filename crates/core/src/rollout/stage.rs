@@ -134,17 +134,35 @@ pub(super) fn roll(
         .map(|f| admit_fleet(o, st, f, &to_replace, &labelled));
     fleet.held = admitted.as_ref().and_then(|a| a.held.clone());
     let breaker = breaker::judge(o, st, ds, target);
-    // Why nothing (more) is started now: the breaker, else a policy, else
-    // a node's drain.
+    let upgrading = driver_upgrades(o, &rollout_nodes);
+    // Why nothing (more) is started now: the breaker, else a vendor's
+    // driver upgrade on a node the stage holds, else a policy, else a
+    // node's drain.
     let draining = maintenance::waiting(o, st, &to_replace);
     let hold: Option<(&str, String)> = match &breaker {
         Breaker::Open { message } => Some((breaker::OPEN, message.clone())),
-        _ => fleet
-            .held
-            .as_ref()
-            .map(|h| (h.reason, h.message.clone()))
+        _ => upgrading
+            .first()
+            .map(|(node, why)| {
+                (
+                    crate::eligibility::DRIVER_UPGRADE,
+                    format!(
+                        "waiting for the driver upgrade of node {node} to end: {why}; its agent is not replaced or judged meanwhile, and the stage's gates start over once it ends"
+                    ),
+                )
+            })
+            .or_else(|| fleet.held.as_ref().map(|h| (h.reason, h.message.clone())))
             .or_else(|| draining.clone()),
     };
+    if !upgrading.is_empty() {
+        // What the gates saw before or during the upgrade judged another
+        // driver: they judge the stage afresh once it ends.
+        if let Some(stage) = st.stages.iter_mut().find(|s| s.index as usize == index) {
+            stage.gates.clear();
+            stage.verified_at = None;
+        }
+    }
+    let upgrading: BTreeSet<&str> = upgrading.iter().map(|(n, _)| *n).collect();
     if matches!(breaker, Breaker::Open { .. }) && !held_for(st, breaker::OPEN) {
         let message = hold.as_ref().map(|h| h.1.clone()).unwrap_or_default();
         phase::event(actions, true, breaker::OPEN, message);
@@ -159,6 +177,9 @@ pub(super) fn roll(
     // deadline fails nothing.
     let held_by = match &hold {
         Some((reason, _)) if *reason == breaker::OPEN => " (held by the circuit breaker)",
+        Some((reason, _)) if *reason == crate::eligibility::DRIVER_UPGRADE => {
+            " (waiting on a driver upgrade)"
+        }
         Some(_) if draining.is_some() && fleet.held.is_none() => " (waiting on a drain)",
         Some(_) => " (held by a SafeRolloutPolicy)",
         None => "",
@@ -175,6 +196,7 @@ pub(super) fn roll(
     // Ready, holding the budget itself, would otherwise wait forever).
     let in_flight = rollout_nodes
         .iter()
+        .filter(|n| !upgrading.contains(*n))
         .any(|n| !to_replace.contains(n) && !replace::is_available(o.pods, n))
         || st
             .converging_nodes
@@ -191,8 +213,14 @@ pub(super) fn roll(
         .iter()
         .position(|s| s.index as usize == index)
         .expect("the current stage was recorded by reconcile_membership");
+    // A node in a driver upgrade is judged once it ends, not meanwhile.
+    let judged_nodes: Vec<&str> = rollout_nodes
+        .iter()
+        .copied()
+        .filter(|n| !upgrading.contains(n))
+        .collect();
     let snapshot = Snapshot {
-        nodes: &rollout_nodes,
+        nodes: &judged_nodes,
         pods: o.pods,
         node_views: o.nodes,
         target_revision: target,
@@ -246,6 +274,13 @@ pub(super) fn roll(
     // own agent is left alone.
     let violating = gates::violating_nodes(&verdicts);
     fleet.violating.clone_from(&violating);
+    // A node in a driver upgrade holds a slot of the budget as a violating
+    // one does: the vendor takes its agent away, whatever its pod shows now.
+    let down: BTreeSet<String> = violating
+        .iter()
+        .cloned()
+        .chain(upgrading.iter().map(|n| n.to_string()))
+        .collect();
     // A node's pod is replaced once the node carries its stage's label (the
     // runbook's "label the nodes, then roll out there"). Node by node, not
     // once the whole stage carries them: the label writer (beside the
@@ -256,7 +291,7 @@ pub(super) fn roll(
     let replaceable: Vec<&str> = to_replace
         .iter()
         .copied()
-        .filter(|n| !violating.contains(*n) && labelled.contains(*n))
+        .filter(|n| !down.contains(*n) && labelled.contains(*n))
         .filter(|n| admitted.as_ref().is_none_or(|a| a.nodes.contains(n)))
         .filter(|_| !matches!(breaker, Breaker::Open { .. }))
         .collect();
@@ -270,7 +305,7 @@ pub(super) fn roll(
         match maintenance::configured(o) {
             None => {
                 let unavailable =
-                    replace::unavailable(o, ds, stable, &held, &BTreeSet::new(), &violating);
+                    replace::unavailable(o, ds, stable, &held, &BTreeSet::new(), &down);
                 let pods = replace::deletions(
                     o.pods,
                     &replaceable,
@@ -290,7 +325,7 @@ pub(super) fn roll(
                 actions,
                 (stable, target),
                 &held,
-                &violating,
+                &down,
                 &replaceable,
             ),
         }
@@ -320,7 +355,10 @@ pub(super) fn roll(
     }
     // A stage that could not take every node it planned (a baseline's
     // evidence awaited) is not complete, whatever its gates say.
-    let passed = gates::all_passed(&verdicts) && to_replace.is_empty() && !baselines_awaited;
+    let passed = gates::all_passed(&verdicts)
+        && to_replace.is_empty()
+        && !baselines_awaited
+        && upgrading.is_empty();
     if !passed {
         let stage = &mut st.stages[stage_pos];
         stage.state = if to_replace.is_empty() {
@@ -564,6 +602,17 @@ fn note(list: &mut Vec<NodeNote>, node: &str, reason: &str, message: String) {
 const HOLD_RECHECK: Duration = Duration::from_secs(5);
 
 /// The rollout's Ready condition says it is held for `reason` already.
+/// The nodes of `nodes` in a vendor's driver upgrade, with why.
+fn driver_upgrades<'a>(o: &Observed, nodes: &[&'a str]) -> Vec<(&'a str, String)> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let view = o.nodes.get(n)?;
+            crate::eligibility::driver_upgrade(view).map(|why| (*n, why))
+        })
+        .collect()
+}
+
 fn held_for(st: &SafeRolloutStatus, reason: &str) -> bool {
     conditions::get(&st.conditions, conditions::READY).is_some_and(|c| c.reason == reason)
 }
