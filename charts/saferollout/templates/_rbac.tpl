@@ -89,6 +89,12 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 # Evictions: drain a node before its agent is replaced, through the Eviction API (PodDisruptionBudgets hold).
 - {apiGroups: [""], resources: [pods/eviction], verbs: [create]}
 {{- end }}
+{{- if .Values.ownerRevert.enabled }}
+# Vendor operators' custom resources: spec.ownerRevert puts back the version fields that made the last good template.
+- {apiGroups: [nvidia.com], resources: [clusterpolicies], verbs: [patch]}
+- {apiGroups: [amd.com], resources: [deviceconfigs], verbs: [patch]}
+- {apiGroups: [deviceplugin.intel.com], resources: [gpudeviceplugins], verbs: [patch]}
+{{- end }}
 {{- if .Values.deviceGates.enabled }}
 # ResourceSlices: what a DRA driver publishes per node (gates.resourceSlices, deviceTaints).
 - {apiGroups: [resource.k8s.io], resources: [resourceslices], verbs: [get, list, watch]}

@@ -43,6 +43,7 @@ pub mod failure;
 pub mod gates;
 pub mod intstr;
 pub mod maintenance;
+pub mod owner;
 pub mod policy;
 pub mod quantity;
 pub mod schema;
@@ -65,6 +66,7 @@ pub use gates::{
 };
 pub use intstr::{Bound, BoundError, CountError, parse_bound, parse_percent, resolve_count};
 pub use maintenance::{Drain, MaintenanceStep, NodeMaintenance, NodeMaintenanceStatus};
+pub use owner::{OwnerResource, OwnerRevert};
 pub use policy::{
     MaintenanceWindow, OrderingRule, PolicySelector, SafeRolloutPolicy, SafeRolloutPolicySpec,
     SafeRolloutPolicyStatus, Weekday,

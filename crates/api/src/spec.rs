@@ -120,6 +120,17 @@ pub struct SafeRolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_maintenance: Option<crate::maintenance::NodeMaintenance>,
 
+    /// A DaemonSet a vendor's GPU operator owns is reverted through that
+    /// owner: after a failed gate (`onFailure: Revert`) or an abort, the
+    /// owner's version fields are put back to what made the last good
+    /// template, and the owner writes it. Names the owner (the DaemonSet's
+    /// controller ownerReference); the operator needs
+    /// `--owner-revert` (chart value `ownerRevert.enabled`), and the
+    /// SafeRollout's author the right to patch that owner. Absent: such a
+    /// failure halts, naming the fields to put back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_revert: Option<crate::owner::OwnerRevert>,
+
     /// Health gates judged after each stage. podsReady is always judged, even
     /// when this field is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,6 +318,7 @@ impl SafeRolloutSpec {
             progress_deadline: default_progress_deadline(),
             circuit_breaker: None,
             node_maintenance: None,
+            owner_revert: None,
             gates: None,
             paused: false,
             preflight: None,

@@ -45,6 +45,9 @@ pub struct AdminLimits {
     /// `spec.nodeMaintenance` may cordon nodes and evict their workloads
     /// (`--node-maintenance`; the chart sets it with the RBAC it needs).
     pub node_maintenance: bool,
+    /// `spec.ownerRevert` may patch a vendor operator's custom resource
+    /// (`--owner-revert`; the chart sets it with the RBAC it needs).
+    pub owner_revert: bool,
 }
 
 /// No limit at all: for planning and tests, never for the operator.
@@ -56,6 +59,7 @@ pub static UNLIMITED: AdminLimits = AdminLimits {
     any_address: true,
     selector_strategy: true,
     node_maintenance: true,
+    owner_revert: true,
 };
 
 impl AdminLimits {
@@ -122,7 +126,22 @@ pub fn refusals(
     log_patterns(spec, &mut out);
     strategy(spec, limits, &mut out);
     maintenance(spec, limits, &mut out);
+    owner_revert(spec, limits, &mut out);
     out
+}
+
+/// `spec.ownerRevert` patches a vendor operator's custom resource: only
+/// where the administrator enabled it.
+fn owner_revert(spec: &SafeRolloutSpec, limits: &AdminLimits, out: &mut Vec<Refusal>) {
+    if spec.owner_revert.is_some() && !limits.owner_revert {
+        refuse(
+            out,
+            "spec.ownerRevert".into(),
+            "reverting through a vendor operator's custom resource is not enabled in this \
+             installation (operator flag --owner-revert, chart value ownerRevert.enabled)"
+                .into(),
+        );
+    }
 }
 
 /// `spec.nodeMaintenance` cordons nodes and evicts workloads of any

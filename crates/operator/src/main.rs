@@ -126,6 +126,13 @@ struct Args {
     /// naming the field.
     #[arg(long, env = "SAFEROLLOUT_NODE_MAINTENANCE", default_value_t = false, action = clap::ArgAction::Set)]
     node_maintenance: bool,
+    /// Run `spec.ownerRevert` (revert a DaemonSet a vendor's GPU operator
+    /// owns by putting back the version fields of its custom resource):
+    /// needs the RBAC the chart grants with `ownerRevert.enabled` (patch
+    /// ClusterPolicies, DeviceConfigs and GpuDevicePlugins). Off: such a
+    /// SafeRollout is refused with a condition naming the field.
+    #[arg(long, env = "SAFEROLLOUT_OWNER_REVERT", default_value_t = false, action = clap::ArgAction::Set)]
+    owner_revert: bool,
     /// Watch SafeRolloutPolicies and apply them to the SafeRollouts they
     /// select (a budget of disrupted nodes across rollouts, an order between
     /// agents on each node, maintenance windows): needs the policy CRD
@@ -173,6 +180,7 @@ fn limits(args: &Args) -> anyhow::Result<saferollout_core::limits::AdminLimits> 
         any_address: false,
         selector_strategy: args.selector_strategy,
         node_maintenance: args.node_maintenance,
+        owner_revert: args.owner_revert,
     })
 }
 
@@ -255,6 +263,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         quarantine_allow_no_execute = limits.quarantine_no_execute,
         allow_privileged_probes = limits.privileged_probes,
         node_maintenance = limits.node_maintenance,
+        owner_revert = limits.owner_revert,
         "starting saferollout-operator"
     );
     let server = tokio::spawn(metrics::serve(listener, metrics.clone()));

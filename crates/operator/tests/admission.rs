@@ -43,6 +43,7 @@ fn values() -> Vec<String> {
         "probe.allowPrivileged=true".into(),
         "quarantine.allowNoExecute=true".into(),
         "nodeMaintenance.enabled=true".into(),
+        "ownerRevert.enabled=true".into(),
         format!("admission.exempt.groups={{{TRUSTED}}}"),
     ]
 }
@@ -141,6 +142,26 @@ fn grant(c: &TestCluster, ns: &str) -> anyhow::Result<Vec<ClusterObject>> {
             "--user=bob",
         ])?;
     }
+    // Patch on the GPU Operator's ClusterPolicy `cluster-policy` (applied:
+    // `kubectl create clusterrole` wants the resource served, and no
+    // ClusterPolicy CRD is installed here).
+    let name = format!("saferollout-e2e-owner-revert-{ns}");
+    let file = std::env::temp_dir().join(format!("{name}.json"));
+    std::fs::write(
+        &file,
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": [{"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"],
+                    "resourceNames": ["cluster-policy"], "verbs": ["patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}]}]}))?,
+    )?;
+    c.kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+    guards.push(ClusterObject::new("clusterrole", &name));
+    guards.push(ClusterObject::new("clusterrolebinding", &name));
     Ok(guards)
 }
 
@@ -197,6 +218,11 @@ fn manifests(ns: &str, resource: &str) -> Vec<(&'static str, Value, String)> {
             "node-maintenance",
             base(json!({"nodeMaintenance": {"drain": {}}})),
             "user alice may not patch nodes: nodeMaintenance has the operator cordon".to_string(),
+        ),
+        (
+            "owner-revert",
+            base(json!({"ownerRevert": {"resource": "clusterpolicies.nvidia.com", "name": "cluster-policy"}})),
+            "user alice may not patch clusterpolicies.nvidia.com/cluster-policy: ownerRevert".to_string(),
         ),
         (
             "unlisted-prometheus",
@@ -294,6 +320,7 @@ async fn a_saferollout_is_admitted_only_from_an_author_who_holds_what_it_asks_fo
             "--allow-privileged-probes=true".into(),
             "--quarantine-allow-no-execute=true".into(),
             "--node-maintenance=true".into(),
+            "--owner-revert=true".into(),
         ],
         &format!("admission-{ns}"),
     )?;

@@ -29,8 +29,8 @@ use saferollout_core::eligibility::{DRIVER_UPGRADE, NVIDIA_DRIVER_UPGRADE_LABEL}
 use saferollout_testkit::cluster;
 use serde_json::json;
 use support::{
-    Identity, Operator, TIMEOUT, condition, create_plugin_daemonset, create_rollout,
-    sample_pods, set_template_image, wait_adopted, wait_agents, wait_status,
+    Identity, Operator, TIMEOUT, condition, create_plugin_daemonset, create_rollout, sample_pods,
+    set_template_image, wait_adopted, wait_agents, wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";

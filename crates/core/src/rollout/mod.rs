@@ -141,6 +141,11 @@ pub struct Observed<'a> {
     /// (then `status.disruptedNodes` and the `Waiting` condition are not
     /// kept).
     pub fleet: Option<&'a crate::fleet::Fleet<'a>>,
+    /// Under `spec.ownerRevert`, for a DaemonSet its owner wrote: how to
+    /// revert from its current template to the last good one through the
+    /// owner's custom resource ([`crate::owner::revert_plan`]), or why that
+    /// cannot be. `None`: no `spec.ownerRevert`, or not owned.
+    pub owner_revert: Option<&'a Result<crate::owner::OwnerRevertPlan, String>>,
 }
 
 impl Observed<'_> {
@@ -257,6 +262,10 @@ pub enum Action {
     /// only while its UID is the one seen; a refusal (a disruption budget)
     /// is remembered for the next pass's evidence.
     EvictPods { pods: Vec<EvictRef> },
+    /// `spec.ownerRevert`: put the owner's version fields back (each only
+    /// while it holds what made the failed template), for the owner to
+    /// write the last good template again.
+    RevertOwner { plan: crate::owner::OwnerRevertPlan },
 }
 
 /// The nodes whose agent pods `actions` delete.
@@ -874,6 +883,26 @@ fn restore_blocked(
     current: &str,
     stable: &str,
 ) {
+    if let Some(Ok(plan)) = o.owner_revert {
+        // The owner wrote it: it takes it back once its fields are.
+        actions.push(Action::RevertOwner { plan: plan.clone() });
+        let msg = format!(
+            "revision {current} is blocked: reverting through {} (spec.ownerRevert); its operator writes revision {stable}'s template back",
+            plan.describe()
+        );
+        if st.target_revision.as_deref() == Some(current) {
+            phase::keep_working(st, o, "RollingBack", &msg);
+        } else {
+            phase::stalled(
+                st,
+                o,
+                saferollout_api::Phase::Degraded,
+                "BlockedRevision",
+                msg,
+            );
+        }
+        return;
+    }
     if let Some(owner) = o.daemonset.and_then(|d| d.owner) {
         // The owner wrote it: only the owner can take it back.
         let msg = format!(

@@ -98,6 +98,46 @@ fn a_failed_release_of_an_owned_daemonset_stops_naming_the_owners_fields() {
     no_violations(&m);
 }
 
+/// `spec.ownerRevert`: the failed release is reverted through the owner's
+/// version field (the model's owner writes the stable template back when
+/// it is put back), never by a write of the DaemonSet's template; every
+/// node ends on the last good revision within the budget.
+#[test]
+fn a_failed_release_is_reverted_through_the_owner_under_owner_revert() {
+    let mut m = owned(5, NVIDIA, true);
+    m.owner_revert = true;
+    m.run(60);
+    let stable = m.status.stable_revision.clone().expect("adopted");
+    m.write_revision("v2", Release::Broken);
+    m.run(900);
+    let reverts: Vec<&Action> = m
+        .actions_log
+        .iter()
+        .filter(|a| matches!(a, Action::RevertOwner { .. }))
+        .collect();
+    assert!(!reverts.is_empty(), "{:#?}", m.status);
+    let Action::RevertOwner { plan } = reverts[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        (plan.fields[0].from.as_str(), plan.fields[0].to.as_str()),
+        ("v2", stable.as_str())
+    );
+    assert!(m.status.stopped.is_none(), "reverted, not halted");
+    assert!(m.all_on(&stable), "{:#?}", m.cluster.pods);
+    // Reverted, as a revert of a plain DaemonSet ends: Degraded, v2 blocked.
+    assert_eq!(m.status.phase, Some(Phase::Degraded), "{:#?}", m.status);
+    assert!(
+        m.status
+            .blocked_revisions
+            .iter()
+            .any(|b| b.revision == "v2"),
+        "v2 stays blocked"
+    );
+    assert_eq!(writes(&m), 0, "no template written over the owner's");
+    no_violations(&m);
+}
+
 #[test]
 fn an_owner_that_leaves_the_strategy_alone_gets_on_delete_from_saferollout() {
     let mut m = owned(3, INTEL, false);

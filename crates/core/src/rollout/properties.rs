@@ -98,7 +98,8 @@ struct Scenario {
     /// `nodeMaintenance: {cordon: true}` (InPlace only).
     maintenance: bool,
     /// The DaemonSet is owned by a vendor's operator (NVIDIA's, which
-    /// reconciles its strategy: set to OnDelete by the owner).
+    /// reconciles its strategy: set to OnDelete by the owner); with an even
+    /// node count, under `spec.ownerRevert`.
     owned: bool,
     steps: Vec<Step>,
 }
@@ -260,6 +261,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     if s.owned {
         m.owner = Some(("nvidia.com/v1".into(), "ClusterPolicy".into()));
         m.cluster.ds.strategy = "OnDelete".into();
+        // Half of them revert through the owner (`spec.ownerRevert`), the
+        // other half halt (by the node count: no draw of its own).
+        m.owner_revert = s.nodes % 2 == 0;
     }
     if s.maintenance {
         m.spec.node_maintenance = Some(saferollout_api::NodeMaintenance {

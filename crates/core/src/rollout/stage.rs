@@ -955,14 +955,34 @@ fn fail_stage(
     };
     // Owner-aware mode: the last good template cannot be written over what
     // the owner reconciles; the rollout stops, naming what to put back.
+    // Under `spec.ownerRevert` it is reverted through the owner's version
+    // fields, when the release is theirs.
     let owner = o.daemonset.and_then(|d| d.owner);
-    let (policy, message) = match owner {
-        Some(owner) if policy == OnFailure::Revert => (
+    let mut through_owner = None;
+    let (policy, message) = match (owner, o.owner_revert) {
+        (Some(owner), Some(Ok(plan))) if policy == OnFailure::Revert => {
+            through_owner = Some(plan.clone());
+            (
+                OnFailure::Revert,
+                format!(
+                    "{message}; DaemonSet {:?} is owned by {}: reverting through {} (spec.ownerRevert), its operator writes revision {}'s template back",
+                    o.spec.target_ref.name,
+                    owner.describe(),
+                    plan.describe(),
+                    st.stable_revision.as_deref().unwrap_or_default()
+                ),
+            )
+        }
+        (Some(owner), revert) if policy == OnFailure::Revert => (
             OnFailure::Halt,
             format!(
-                "{message}; DaemonSet {:?} is owned by {}, so it is not reverted by saferollout: put back {} as they were for revision {}",
+                "{message}; DaemonSet {:?} is owned by {}, so it is not reverted by saferollout{}: put back {} as they were for revision {}",
                 o.spec.target_ref.name,
                 owner.describe(),
+                match revert {
+                    Some(Err(why)) => format!(" (spec.ownerRevert: {why})"),
+                    _ => String::new(),
+                },
                 owner.version_fields(),
                 st.stable_revision.as_deref().unwrap_or_default()
             ),
@@ -970,7 +990,13 @@ fn fail_stage(
         _ => (policy, message),
     };
     match policy {
-        OnFailure::Revert => actions.push(super::restore_last_good(st)),
+        OnFailure::Revert => match through_owner {
+            Some(plan) => {
+                phase::working(st, o, Phase::RollingBack, "RollingBack", message);
+                actions.push(Action::RevertOwner { plan });
+            }
+            None => actions.push(super::restore_last_good(st)),
+        },
         OnFailure::Quarantine | OnFailure::Halt => {
             let nodes = st.stages[stage_pos].failed_nodes.clone();
             devices::stop(o, st, actions, target, policy, message, nodes);

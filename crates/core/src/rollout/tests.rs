@@ -1213,6 +1213,7 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         now: m.now,
         caches_heard_at: None,
         fleet: None,
+        owner_revert: None,
     };
     let d = decide(&base);
     assert!(d.actions.is_empty());

@@ -234,6 +234,7 @@ impl World {
             now: self.now,
             caches_heard_at: None,
             fleet: None,
+            owner_revert: None,
         };
         saferollout_core::decide(&o)
     }

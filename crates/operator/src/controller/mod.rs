@@ -19,6 +19,7 @@ pub mod fleet;
 pub mod freshness;
 pub mod labels;
 pub mod maintenance;
+pub mod owner_revert;
 pub mod proof;
 pub mod selector;
 pub mod snapshot;

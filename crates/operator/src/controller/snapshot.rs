@@ -95,6 +95,39 @@ pub fn backup_content(cr: &ControllerRevision) -> Option<String> {
     backup_template_json(cr).map(content_hash)
 }
 
+/// `spec.ownerRevert`'s plan for this pass ([`Observed::owner_revert`]): from
+/// the DaemonSet's template back to the last good backup's, through the
+/// owner it names, which must be the DaemonSet's controller owner.
+fn owner_revert_plan(
+    sr: &SafeRollout,
+    world: &World,
+) -> Option<Result<saferollout_core::owner::OwnerRevertPlan, String>> {
+    use saferollout_core::owner::{OwnerView, names_owner, revert_plan};
+    let revert = sr.spec.owner_revert.as_ref()?;
+    let ds = world.ds.as_deref()?;
+    let owner = OwnerView::of(ds.metadata.owner_references.as_deref())?;
+    if !names_owner(revert, &owner) {
+        return Some(Err(format!(
+            "it names {} {:?}, but the DaemonSet's controller owner is {}",
+            revert.resource.as_str(),
+            revert.name,
+            owner.describe()
+        )));
+    }
+    let Some(good) = world.backup.as_deref().and_then(backup_template_json) else {
+        return Some(Err(
+            "no last good template was backed up to revert to".into()
+        ));
+    };
+    let failed = serde_json::to_value(&ds.spec.template).unwrap_or_default();
+    Some(revert_plan(
+        &owner,
+        &sr.namespace().unwrap_or_default(),
+        good,
+        &failed,
+    ))
+}
+
 /// Reads what a reconcile of `sr` needs from the caches.
 pub fn dereference(sr: &SafeRollout, caches: &Caches) -> World {
     let templates = &caches.templates;
@@ -255,6 +288,7 @@ pub fn decide(
             }
         };
     let annotations = sr.annotations();
+    let owner_revert = owner_revert_plan(sr, world);
     let observed = Observed {
         spec: &sr.spec,
         generation: sr.metadata.generation,
@@ -290,6 +324,7 @@ pub fn decide(
         now: extras.now,
         caches_heard_at: extras.caches_heard_at,
         fleet: extras.fleet,
+        owner_revert: owner_revert.as_ref(),
     };
     let decision = saferollout_core::decide(&observed);
     let counts = ds_view

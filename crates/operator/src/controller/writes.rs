@@ -362,6 +362,9 @@ pub async fn perform(
         Action::EvictPods { pods } => super::maintenance::evict(ctx, key, pods)
             .await
             .map(|_| None),
+        Action::RevertOwner { plan } => super::owner_revert::revert(ctx, key, plan)
+            .await
+            .map(|_| None),
     };
     if result.is_ok() {
         match action {

@@ -38,13 +38,13 @@ impl WriteSlots {
     }
 }
 
-/// Patch parameters naming the operator's field manager.
 /// A JSON patch whose `test` operation failed: the API server answers 422
 /// without field causes (an invalid object gets 422 with causes).
 pub fn is_failed_guard(s: &kube::core::Status) -> bool {
     s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
 }
 
+/// Patch parameters naming the operator's field manager.
 pub(super) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),

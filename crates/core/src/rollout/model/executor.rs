@@ -353,6 +353,27 @@ impl Model {
         let backup_name =
             crate::rollout::backup_name("plugin", ds_c.backup.as_deref().unwrap_or_default());
         let fleet = self.fleet.as_ref().map(|f| f.view());
+        // As the operator plans it: from the template the DaemonSet carries
+        // back to the stable one, through the owner's one version field.
+        let owner_revert = self
+            .owner_revert
+            .then_some(())
+            .and(self.owner.as_ref())
+            .and_then(|(api_version, kind)| {
+                let stable = self.status.stable_revision.clone()?;
+                Some(Ok(crate::owner::OwnerRevertPlan {
+                    api_version: api_version.clone(),
+                    kind: kind.clone(),
+                    plural: "vendors".into(),
+                    name: "vendor".into(),
+                    namespace: None,
+                    fields: vec![crate::owner::FieldRevert {
+                        path: "/spec/version".into(),
+                        from: ds_c.ds.template.clone(),
+                        to: stable,
+                    }],
+                }))
+            });
         let o = Observed {
             spec: &self.spec,
             generation: Some(1),
@@ -386,6 +407,7 @@ impl Model {
             now: self.now,
             caches_heard_at: self.caches_heard_at,
             fleet: fleet.as_ref(),
+            owner_revert: owner_revert.as_ref(),
         };
         decide(&o)
     }
@@ -454,6 +476,17 @@ impl Model {
                     .patch_daemonset(decided_generation, |ds| ds.template = backup);
                 if let Some(generation) = written {
                     self.expectations.daemonset_written(generation);
+                }
+            }
+            // The owner's field put back (only while it still holds the
+            // failed value): the owner writes that revision's template.
+            Action::RevertOwner { plan } => {
+                let [field] = plan.fields.as_slice() else {
+                    return;
+                };
+                if self.cluster.ds.template == field.from {
+                    self.cluster.ds.template = field.to.clone();
+                    self.cluster.ds.generation += 1;
                 }
             }
             Action::BackupTemplate { revision } => self.cluster.create_backup(revision),

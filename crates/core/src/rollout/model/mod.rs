@@ -88,6 +88,10 @@ pub struct Model {
     /// The DaemonSet's controller owner (apiVersion, kind): a vendor's
     /// operator, whose DaemonSet the rollout must never write.
     pub owner: Option<(String, String)>,
+    /// `spec.ownerRevert` is set (and names that owner): a revert goes
+    /// through the owner, which writes the stable revision's template back
+    /// when its version field is put back.
+    pub owner_revert: bool,
 }
 
 /// One policy governing the model's rollout (see [`crate::fleet::admit`]).
@@ -175,6 +179,7 @@ impl Model {
             fleet: None,
             workloads: BTreeMap::new(),
             owner: None,
+            owner_revert: false,
         }
     }
 
