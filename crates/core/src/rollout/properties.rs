@@ -263,7 +263,7 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.cluster.ds.strategy = "OnDelete".into();
         // Half of them revert through the owner (`spec.ownerRevert`), the
         // other half halt (by the node count: no draw of its own).
-        m.owner_revert = s.nodes % 2 == 0;
+        m.owner_revert = s.nodes.is_multiple_of(2);
     }
     if s.maintenance {
         m.spec.node_maintenance = Some(saferollout_api::NodeMaintenance {
