@@ -13,6 +13,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::validate::{Errors, Validate};
+
 /// The owners a revert can go through: `<plural>.<group>`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum OwnerResource {
@@ -67,4 +69,23 @@ pub struct OwnerRevert {
     /// DeviceConfig is in the DaemonSet's namespace).
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+}
+
+/// The longest object name (`metadata.name`).
+const MAX_NAME: usize = 253;
+
+impl Validate for OwnerRevert {
+    fn validate(&self, path: &str, errors: &mut Errors) {
+        if self.name.is_empty() {
+            errors.push(
+                format!("{path}.name"),
+                "should be at least 1 chars long: the owner's name",
+            );
+        } else if self.name.len() > MAX_NAME {
+            errors.push(
+                format!("{path}.name"),
+                format!("may not be longer than {MAX_NAME}"),
+            );
+        }
+    }
 }

@@ -547,6 +547,8 @@ impl Validate for SafeRolloutSpec {
         self.gates.validate(&format!("{path}.gates"), errors);
         self.node_maintenance
             .validate(&format!("{path}.nodeMaintenance"), errors);
+        self.owner_revert
+            .validate(&format!("{path}.ownerRevert"), errors);
         if self.node_maintenance.is_some() && self.strategy == Strategy::Selector {
             errors.push(
                 format!("{path}.nodeMaintenance"),
