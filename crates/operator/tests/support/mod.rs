@@ -5,6 +5,7 @@
 
 pub mod dra;
 pub mod faults;
+pub mod vendors;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
