@@ -90,10 +90,11 @@ when every namespace is watched, a Role in each of `watchNamespaces` otherwise. 
 - {apiGroups: [""], resources: [pods/eviction], verbs: [create]}
 {{- end }}
 {{- if .Values.ownerRevert.enabled }}
-# Vendor operators' custom resources: spec.ownerRevert puts back the version fields that made the last good template.
-- {apiGroups: [nvidia.com], resources: [clusterpolicies], verbs: [patch]}
-- {apiGroups: [amd.com], resources: [deviceconfigs], verbs: [patch]}
-- {apiGroups: [deviceplugin.intel.com], resources: [gpudeviceplugins], verbs: [patch]}
+# Vendor operators' custom resources: spec.ownerRevert reads whether a GitOps tool manages one
+# (its labels and annotations) and puts back the version fields that made the last good template.
+- {apiGroups: [nvidia.com], resources: [clusterpolicies], verbs: [get, patch]}
+- {apiGroups: [amd.com], resources: [deviceconfigs], verbs: [get, patch]}
+- {apiGroups: [deviceplugin.intel.com], resources: [gpudeviceplugins], verbs: [get, patch]}
 {{- end }}
 {{- if .Values.deviceGates.enabled }}
 # ResourceSlices: what a DRA driver publishes per node (gates.resourceSlices, deviceTaints).

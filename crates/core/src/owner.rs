@@ -162,6 +162,39 @@ impl OwnerRevertPlan {
     }
 }
 
+/// The GitOps tool that manages an object, read from the marks it leaves on
+/// what it applies: Argo CD's tracking annotation (or its
+/// `argocd.argoproj.io/instance` label), Flux's Kustomization and
+/// HelmRelease labels. A revert written to such an object is undone at the
+/// tool's next sync (with self-heal, at once), so it is reverted in Git.
+/// (`app.kubernetes.io/instance`, Argo CD's legacy label tracking, is left
+/// out: Helm sets it too.)
+pub fn gitops_manager(
+    labels: &std::collections::BTreeMap<String, String>,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    if let Some(id) = annotations.get("argocd.argoproj.io/tracking-id") {
+        let app = id.split(':').next().unwrap_or(id);
+        return Some(format!("Argo CD (application {app})"));
+    }
+    if let Some(app) = labels.get("argocd.argoproj.io/instance") {
+        return Some(format!("Argo CD (application {app})"));
+    }
+    for (kind, prefix) in [
+        ("Kustomization", "kustomize.toolkit.fluxcd.io"),
+        ("HelmRelease", "helm.toolkit.fluxcd.io"),
+    ] {
+        if let Some(name) = labels.get(&format!("{prefix}/name")) {
+            let ns = labels
+                .get(&format!("{prefix}/namespace"))
+                .map(|n| format!("{n}/"))
+                .unwrap_or_default();
+            return Some(format!("Flux ({kind} {ns}{name})"));
+        }
+    }
+    None
+}
+
 /// `/spec/devicePlugin/version` → `spec.devicePlugin.version`.
 fn pointer_to_field(pointer: &str) -> String {
     pointer.trim_start_matches('/').replace('/', ".")
@@ -373,6 +406,46 @@ mod tests {
         )
         .unwrap();
         assert_eq!(intel.fields[0].path, "/spec/image");
+    }
+
+    #[test]
+    fn the_gitops_tool_managing_an_owner_is_read_from_its_marks() {
+        let map = |kvs: &[(&str, &str)]| {
+            kvs.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let none = map(&[]);
+        assert_eq!(
+            gitops_manager(
+                &none,
+                &map(&[(
+                    "argocd.argoproj.io/tracking-id",
+                    "gpu-operator:nvidia.com/ClusterPolicy:/cluster-policy"
+                )])
+            )
+            .as_deref(),
+            Some("Argo CD (application gpu-operator)")
+        );
+        assert_eq!(
+            gitops_manager(
+                &map(&[
+                    ("kustomize.toolkit.fluxcd.io/name", "gpu"),
+                    ("kustomize.toolkit.fluxcd.io/namespace", "flux-system")
+                ]),
+                &none
+            )
+            .as_deref(),
+            Some("Flux (Kustomization flux-system/gpu)")
+        );
+        // Helm's own label is not a GitOps tool's.
+        assert_eq!(
+            gitops_manager(
+                &map(&[("app.kubernetes.io/instance", "gpu-operator")]),
+                &none
+            ),
+            None
+        );
     }
 
     #[test]

@@ -30,6 +30,11 @@
 //!   stand-in writes the last good template (once), every node returns to
 //!   it within the budget, and the operator still owns no field of the
 //!   template.
+//! - The custom resource then marked as Argo CD's (its tracking
+//!   annotation), the next broken release halts instead, naming the
+//!   application and the field to revert in Git (in the stop, and in the
+//!   `Degraded` condition Argo CD's health check shows); the custom
+//!   resource is left as it is.
 //!
 //! A fourth test checks the stand-ins themselves: an outside write of the
 //! DaemonSet is answered as each vendor answers it (NVIDIA keeps it until
@@ -62,6 +67,7 @@ const V1: &str = "registry.example/plugin:v1";
 const V2: &str = "registry.example/plugin:v2";
 const BROKEN: &str = "registry.example/plugin:v3-broken";
 const BROKEN_AGAIN: &str = "registry.example/plugin:v4-broken";
+const BROKEN_IN_GIT: &str = "registry.example/plugin:v5-broken";
 /// The tests share the cluster's nodes (stage labels live there) and the
 /// operator's lease: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -417,6 +423,45 @@ async fn scenario(vendor: Vendor) -> anyhow::Result<()> {
         start.elapsed(),
         log()
     );
+
+    // Argo CD manages the custom resource (its tracking annotation): a
+    // revert written there would be undone at its next sync, so the next
+    // broken release halts, naming the application and the field to revert
+    // in Git, and nothing is written to the custom resource.
+    env.vendor
+        .patch(&json!({"metadata": {"annotations": {
+            "argocd.argoproj.io/tracking-id": format!("gpu-operator:{}/{}:/{cr}", vendor.api_version(), vendor.kind())
+        }}}))
+        .await?;
+    env.vendor.release(BROKEN_IN_GIT).await?;
+    let st = wait_status(client, ns, "plugin", TIMEOUT, |st| {
+        st.stopped
+            .as_ref()
+            .is_some_and(|s| s.message != stopped.message)
+    })
+    .await?;
+    let halted = st.stopped.clone().unwrap();
+    assert_eq!(halted.policy, OnFailure::Halt, "{halted:?}");
+    assert!(
+        halted
+            .message
+            .contains("managed by Argo CD (application gpu-operator)")
+            && halted.message.contains("in Git"),
+        "{}",
+        halted.message
+    );
+    let degraded = condition(&st, "Degraded").map(|c| c.message.clone());
+    assert!(
+        degraded.as_deref().is_some_and(|m| m.contains("in Git")),
+        "what Argo CD's health shows: {degraded:?}"
+    );
+    let ds = settled(client, ns, &env.vendor).await?;
+    assert_eq!(
+        image(&ds),
+        BROKEN_IN_GIT,
+        "not reverted: Git is the owner's source"
+    );
+    eprintln!("{vendor:?}: halted for Git: {}", halted.message);
     Ok(())
 }
 

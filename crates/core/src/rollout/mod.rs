@@ -146,6 +146,11 @@ pub struct Observed<'a> {
     /// owner's custom resource ([`crate::owner::revert_plan`]), or why that
     /// cannot be. `None`: no `spec.ownerRevert`, or not owned.
     pub owner_revert: Option<&'a Result<crate::owner::OwnerRevertPlan, String>>,
+    /// The GitOps tool that manages the owner `spec.ownerRevert` names
+    /// ([`crate::owner::gitops_manager`]): a revert written there would be
+    /// undone at its next sync, so the rollout halts, saying what to revert
+    /// in Git.
+    pub owner_gitops: Option<&'a str>,
 }
 
 impl Observed<'_> {
@@ -883,7 +888,7 @@ fn restore_blocked(
     current: &str,
     stable: &str,
 ) {
-    if let Some(Ok(plan)) = o.owner_revert {
+    if let (Some(Ok(plan)), None) = (o.owner_revert, o.owner_gitops) {
         // The owner wrote it: it takes it back once its fields are.
         actions.push(Action::RevertOwner { plan: plan.clone() });
         let msg = format!(
@@ -904,12 +909,19 @@ fn restore_blocked(
         return;
     }
     if let Some(owner) = o.daemonset.and_then(|d| d.owner) {
-        // The owner wrote it: only the owner can take it back.
-        let msg = format!(
-            "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation) and its owner {} wrote it: put back {} as they were for revision {stable}; nothing more is replaced meanwhile",
-            owner.describe(),
-            owner.version_fields()
-        );
+        // The owner wrote it: only the owner (or Git) can take it back.
+        let msg = match (o.owner_revert, o.owner_gitops) {
+            (Some(Ok(plan)), Some(tool)) => format!(
+                "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation) and its owner {} is managed by {tool}, whose next sync would undo a revert written there: revert {} in Git; nothing more is replaced meanwhile",
+                owner.describe(),
+                plan.describe()
+            ),
+            _ => format!(
+                "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation) and its owner {} wrote it: put back {} as they were for revision {stable}; nothing more is replaced meanwhile",
+                owner.describe(),
+                owner.version_fields()
+            ),
+        };
         phase::stalled(
             st,
             o,

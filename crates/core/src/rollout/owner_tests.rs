@@ -138,6 +138,36 @@ fn a_failed_release_is_reverted_through_the_owner_under_owner_revert() {
     no_violations(&m);
 }
 
+/// An owner a GitOps tool manages: a revert written there would be undone
+/// at its next sync, so the rollout halts, saying what to revert in Git.
+#[test]
+fn an_owner_a_gitops_tool_manages_is_reverted_in_git_not_by_saferollout() {
+    let mut m = owned(4, NVIDIA, true);
+    m.owner_revert = true;
+    m.owner_gitops = Some("Argo CD (application gpu-operator)".into());
+    m.run(60);
+    m.write_revision("v2", Release::Broken);
+    m.run(600);
+    let stopped = m.status.stopped.clone().expect("halted");
+    assert_eq!(stopped.policy, OnFailure::Halt);
+    assert!(
+        stopped
+            .message
+            .contains("managed by Argo CD (application gpu-operator)")
+            && stopped.message.contains("in Git"),
+        "{}",
+        stopped.message
+    );
+    assert!(
+        !m.actions_log
+            .iter()
+            .any(|a| matches!(a, Action::RevertOwner { .. })),
+        "nothing written to the owner"
+    );
+    assert_eq!(writes(&m), 0);
+    no_violations(&m);
+}
+
 #[test]
 fn an_owner_that_leaves_the_strategy_alone_gets_on_delete_from_saferollout() {
     let mut m = owned(3, INTEL, false);

@@ -917,6 +917,62 @@ fn fail_stage(
         "gate {} failed{on}: {}{detail}",
         failure.gate, failure.message
     );
+    // A person's abort reverts whatever the policy says.
+    let policy = if failure.reason == "Aborted" && failure.gate == "manual" {
+        OnFailure::Revert
+    } else {
+        o.spec.on_failure
+    };
+    // Owner-aware mode: the last good template cannot be written over what
+    // the owner reconciles; the rollout stops, naming what to put back.
+    // Under `spec.ownerRevert` it is reverted through the owner's version
+    // fields, when the release is theirs.
+    let owner = o.daemonset.and_then(|d| d.owner);
+    let mut through_owner = None;
+    let (policy, message) = match (owner, o.owner_revert) {
+        (Some(owner), Some(Ok(plan)))
+            if policy == OnFailure::Revert && o.owner_gitops.is_some() =>
+        {
+            (
+                OnFailure::Halt,
+                format!(
+                    "{message}; DaemonSet {:?} is owned by {}, which is managed by {}, whose next sync would undo a revert written there: revert {} in Git",
+                    o.spec.target_ref.name,
+                    owner.describe(),
+                    o.owner_gitops.unwrap_or_default(),
+                    plan.describe()
+                ),
+            )
+        }
+        (Some(owner), Some(Ok(plan))) if policy == OnFailure::Revert => {
+            through_owner = Some(plan.clone());
+            (
+                OnFailure::Revert,
+                format!(
+                    "{message}; DaemonSet {:?} is owned by {}: reverting through {} (spec.ownerRevert), its operator writes revision {}'s template back",
+                    o.spec.target_ref.name,
+                    owner.describe(),
+                    plan.describe(),
+                    st.stable_revision.as_deref().unwrap_or_default()
+                ),
+            )
+        }
+        (Some(owner), revert) if policy == OnFailure::Revert => (
+            OnFailure::Halt,
+            format!(
+                "{message}; DaemonSet {:?} is owned by {}, so it is not reverted by saferollout{}: put back {} as they were for revision {}",
+                o.spec.target_ref.name,
+                owner.describe(),
+                match revert {
+                    Some(Err(why)) => format!(" (spec.ownerRevert: {why})"),
+                    _ => String::new(),
+                },
+                owner.version_fields(),
+                st.stable_revision.as_deref().unwrap_or_default()
+            ),
+        ),
+        _ => (policy, message),
+    };
     let stage = &mut st.stages[stage_pos];
     stage.state = StageState::Failed;
     stage.finished_at = Some(Time(o.now));
@@ -947,54 +1003,9 @@ fn fail_stage(
     );
     st.progress = None;
     phase::event(actions, true, "GateFailed", message.clone());
-    // A person's abort reverts whatever the policy says.
-    let policy = if failure.reason == "Aborted" && failure.gate == "manual" {
-        OnFailure::Revert
-    } else {
-        o.spec.on_failure
-    };
-    // Owner-aware mode: the last good template cannot be written over what
-    // the owner reconciles; the rollout stops, naming what to put back.
-    // Under `spec.ownerRevert` it is reverted through the owner's version
-    // fields, when the release is theirs.
-    let owner = o.daemonset.and_then(|d| d.owner);
-    let mut through_owner = None;
-    let (policy, message) = match (owner, o.owner_revert) {
-        (Some(owner), Some(Ok(plan))) if policy == OnFailure::Revert => {
-            through_owner = Some(plan.clone());
-            (
-                OnFailure::Revert,
-                format!(
-                    "{message}; DaemonSet {:?} is owned by {}: reverting through {} (spec.ownerRevert), its operator writes revision {}'s template back",
-                    o.spec.target_ref.name,
-                    owner.describe(),
-                    plan.describe(),
-                    st.stable_revision.as_deref().unwrap_or_default()
-                ),
-            )
-        }
-        (Some(owner), revert) if policy == OnFailure::Revert => (
-            OnFailure::Halt,
-            format!(
-                "{message}; DaemonSet {:?} is owned by {}, so it is not reverted by saferollout{}: put back {} as they were for revision {}",
-                o.spec.target_ref.name,
-                owner.describe(),
-                match revert {
-                    Some(Err(why)) => format!(" (spec.ownerRevert: {why})"),
-                    _ => String::new(),
-                },
-                owner.version_fields(),
-                st.stable_revision.as_deref().unwrap_or_default()
-            ),
-        ),
-        _ => (policy, message),
-    };
     match policy {
         OnFailure::Revert => match through_owner {
-            Some(plan) => {
-                phase::working(st, o, Phase::RollingBack, "RollingBack", message);
-                actions.push(Action::RevertOwner { plan });
-            }
+            Some(plan) => actions.push(Action::RevertOwner { plan }),
             None => actions.push(super::restore_last_good(st)),
         },
         OnFailure::Quarantine | OnFailure::Halt => {

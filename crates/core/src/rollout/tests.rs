@@ -1214,6 +1214,7 @@ fn a_missing_daemonset_and_a_conflicting_owner_are_conditions() {
         caches_heard_at: None,
         fleet: None,
         owner_revert: None,
+        owner_gitops: None,
     };
     let d = decide(&base);
     assert!(d.actions.is_empty());

@@ -235,6 +235,7 @@ impl World {
             caches_heard_at: None,
             fleet: None,
             owner_revert: None,
+            owner_gitops: None,
         };
         saferollout_core::decide(&o)
     }

@@ -528,6 +528,8 @@ struct Gathered {
     proof: saferollout_core::gates::proof::ProofEvidence,
     /// The pods on the nodes in maintenance (`spec.nodeMaintenance.drain`).
     drain: saferollout_core::drain::DrainEvidence,
+    /// The GitOps tool managing the owner `spec.ownerRevert` names.
+    owner_gitops: Option<String>,
     /// When it was read: the gates judge at this instant.
     now: Timestamp,
 }
@@ -562,6 +564,7 @@ async fn gather(
     };
     let proof = proof::gather(sr, ctx, key, &needs, now).await;
     let drain = maintenance::gather(sr, ctx, key).await;
+    let owner_gitops = owner_revert::gitops(sr, ctx, status, &world).await;
     let spec_revision = spec_template
         .as_ref()
         .filter(|_| selector::applies(sr))
@@ -578,6 +581,7 @@ async fn gather(
             preflight,
             proof,
             drain,
+            owner_gitops,
             now,
         },
         world,
@@ -652,6 +656,7 @@ fn decide(
         caches_heard_at: ctx.caches.heard_at_for(sr),
         selector: None,
         fleet,
+        owner_gitops: gathered.owner_gitops.as_deref(),
     };
     ctx.memory(key, |m| {
         let mut extras = extras;

@@ -218,6 +218,8 @@ pub struct Extras<'a> {
     pub selector: Option<SelectorExtras<'a>>,
     /// The SafeRolloutPolicies governing the rollout (see [`super::fleet`]).
     pub fleet: Option<&'a saferollout_core::fleet::Fleet<'a>>,
+    /// The GitOps tool managing the owner `spec.ownerRevert` names.
+    pub owner_gitops: Option<&'a str>,
 }
 
 /// What a `Selector` pass knows beyond the caches.
@@ -325,6 +327,7 @@ pub fn decide(
         caches_heard_at: extras.caches_heard_at,
         fleet: extras.fleet,
         owner_revert: owner_revert.as_ref(),
+        owner_gitops: extras.owner_gitops,
     };
     let decision = saferollout_core::decide(&observed);
     let counts = ds_view

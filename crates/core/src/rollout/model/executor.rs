@@ -408,6 +408,7 @@ impl Model {
             caches_heard_at: self.caches_heard_at,
             fleet: fleet.as_ref(),
             owner_revert: owner_revert.as_ref(),
+            owner_gitops: self.owner_gitops.as_deref(),
         };
         decide(&o)
     }

@@ -92,6 +92,8 @@ pub struct Model {
     /// through the owner, which writes the stable revision's template back
     /// when its version field is put back.
     pub owner_revert: bool,
+    /// The GitOps tool managing the owner, if one does.
+    pub owner_gitops: Option<String>,
 }
 
 /// One policy governing the model's rollout (see [`crate::fleet::admit`]).
@@ -180,6 +182,7 @@ impl Model {
             workloads: BTreeMap::new(),
             owner: None,
             owner_revert: false,
+            owner_gitops: None,
         }
     }
 
