@@ -49,17 +49,15 @@ use std::time::Instant;
 
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use saferollout_api::{FIELD_MANAGER, OnFailure, Phase};
-use saferollout_testkit::{TestNamespace, cluster, wait_for_all, wait_for_object};
+use saferollout_testkit::{TestNamespace, cluster, wait_for_object};
 use serde_json::{Value, json};
 use support::vendors::{DAEMONSET, StandIn, Vendor};
 use support::{
-    GPUS, Identity, Operator, TIMEOUT, allocatable, condition, create_rollout, sample_pods,
-    wait_adopted, wait_agents, wait_status,
+    Identity, Operator, TIMEOUT, condition, create_rollout, sample_pods, wait_adopted, wait_agents,
+    wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -99,14 +97,7 @@ async fn setup(vendor: Vendor) -> anyhow::Result<Env> {
     let resource = format!("example.com/gpu-{prefix}");
     let stand_in = StandIn::start(vendor, &client, &ns.name, &resource, V1).await?;
     wait_agents(&client, &ns.name, V1).await?;
-    let res = resource.clone();
-    wait_for_all(
-        &Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        TIMEOUT,
-        move |ns| ns.iter().all(|n| allocatable(n, &res) == Some(GPUS)),
-    )
-    .await?;
+    support::wait_every_node_advertises(&client, &resource).await?;
     let mut args = support::operator_args(&ns.name, "127.0.0.1:0", 3);
     args.push("--owner-revert=true".into());
     let op = Operator::start(

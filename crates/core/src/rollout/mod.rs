@@ -568,25 +568,13 @@ fn owner_allows(
         return false;
     }
     if owner.reconciles_strategy() && !ds.is_on_delete() {
-        let first = st
-            .condition(crate::conditions::READY)
-            .is_none_or(|c| c.reason != "OwnerNotOnDelete");
         let message = format!(
             "DaemonSet {:?} is owned by {}, which reconciles its update strategy: set {} (saferollout writes nothing its owner reconciles, and touches nothing until then)",
             o.spec.target_ref.name,
             owner.describe(),
             owner.on_delete_field()
         );
-        if first {
-            phase::event(actions, true, "OwnerNotOnDelete", message.clone());
-        }
-        phase::stalled(
-            st,
-            o,
-            saferollout_api::Phase::Failed,
-            "OwnerNotOnDelete",
-            message,
-        );
+        stall_with_event(o, st, actions, "OwnerNotOnDelete", message);
         return false;
     }
     true
@@ -798,22 +786,28 @@ fn ensure_backup(
 /// Nothing changes (no rollout goes on, no revert writes it) until a person
 /// deletes it (the operator then records it again) or it matches again.
 fn backup_mismatch(o: &Observed, st: &mut SafeRolloutStatus, actions: &mut Vec<Action>, why: &str) {
-    let first = st
-        .condition(crate::conditions::READY)
-        .is_none_or(|c| c.reason != "BackupMismatch");
     let message = format!(
         "the last good backup is not the one the operator wrote: {why}; nothing changes (no rollout, no revert) until it is deleted, after which the operator records it again"
     );
+    stall_with_event(o, st, actions, "BackupMismatch", message);
+}
+
+/// Stalls the rollout (Failed) with `reason`, with one Warning Event when
+/// the `Ready` condition did not say so already.
+fn stall_with_event(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    actions: &mut Vec<Action>,
+    reason: &str,
+    message: String,
+) {
+    let first = st
+        .condition(crate::conditions::READY)
+        .is_none_or(|c| c.reason != reason);
     if first {
-        phase::event(actions, true, "BackupMismatch", message.clone());
+        phase::event(actions, true, reason, message.clone());
     }
-    phase::stalled(
-        st,
-        o,
-        saferollout_api::Phase::Failed,
-        "BackupMismatch",
-        message,
-    );
+    phase::stalled(st, o, saferollout_api::Phase::Failed, reason, message);
 }
 
 /// The revert's write of the last good template, verified by

@@ -413,6 +413,11 @@ pub async fn create_plugin_daemonset(
         .create(&PostParams::default(), &ds)
         .await?;
     wait_agents(client, ns, image).await?;
+    wait_every_node_advertises(client, resource).await
+}
+
+/// Waits until every node advertises its GPUs of `resource`.
+pub async fn wait_every_node_advertises(client: &Client, resource: &str) -> anyhow::Result<()> {
     let res = resource.to_string();
     wait_for_all(
         &Api::<Node>::all(client.clone()),
