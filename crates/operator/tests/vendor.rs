@@ -33,7 +33,8 @@
 //! - The custom resource then marked as Argo CD's (its tracking
 //!   annotation), the next broken release halts instead, naming the
 //!   application and the field to revert in Git (in the stop, and in the
-//!   `Degraded` condition Argo CD's health check shows); the custom
+//!   `Degraded` condition, which Argo CD's health check, run by its Lua
+//!   interpreter, shows as `Degraded` with that message); the custom
 //!   resource is left as it is.
 //!
 //! A fourth test checks the stand-ins themselves: an outside write of the
@@ -446,13 +447,37 @@ async fn scenario(vendor: Vendor) -> anyhow::Result<()> {
         degraded.as_deref().is_some_and(|m| m.contains("in Git")),
         "what Argo CD's health shows: {degraded:?}"
     );
+    // Argo CD's health of the SafeRollout, by its own Lua interpreter
+    // running deploy/argocd/health.lua on the object as it is now.
+    let sr = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &kube::api::ApiResource::erase::<saferollout_api::SafeRollout>(&()),
+    )
+    .get("plugin")
+    .await?;
+    let file = std::env::temp_dir().join(format!("saferollout-vendor-health-{ns}.json"));
+    std::fs::write(&file, serde_json::to_vec(&sr)?)?;
+    let out = support::run(
+        std::process::Command::new(support::tool("gitops-check"))
+            .arg("-lua")
+            .arg(saferollout_testkit::repo_root().join("deploy/argocd/health.lua"))
+            .arg(&file),
+    )?;
+    let verdict: Value = serde_json::from_str(out.lines().next().unwrap_or_default())?;
+    assert_eq!(verdict["argocd"]["status"], "Degraded", "{verdict}");
+    let shown = verdict["argocd"]["message"].as_str().unwrap_or_default();
+    assert!(
+        shown.contains("managed by Argo CD (application gpu-operator)") && shown.contains("in Git"),
+        "Argo CD's health message: {shown}"
+    );
     let ds = settled(client, ns, &env.vendor).await?;
     assert_eq!(
         image(&ds),
         BROKEN_IN_GIT,
         "not reverted: Git is the owner's source"
     );
-    eprintln!("{vendor:?}: halted for Git: {}", halted.message);
+    eprintln!("{vendor:?}: halted for Git; Argo CD shows Degraded: {shown}");
     Ok(())
 }
 
