@@ -312,6 +312,15 @@ struct NotReady(&'static str);
 
 impl NotReady {
     async fn set(client: &Client, node: &'static str) -> anyhow::Result<Self> {
+        Self::set_since(client, node, Duration::ZERO).await
+    }
+
+    /// NotReady since `ago` before now. A node that went NotReady before a
+    /// rollout must say so by more than the API's one-second resolution of
+    /// `lastTransitionTime`: one that changed in the second the first stage
+    /// started counts as going NotReady during the rollout (the breaker
+    /// compares whole seconds, and holds on a tie).
+    async fn set_since(client: &Client, node: &'static str, ago: Duration) -> anyhow::Result<Self> {
         let c = cluster();
         c.kubectl(&[
             "label",
@@ -328,7 +337,7 @@ impl NotReady {
             ready.status = "False".into();
             // As the kubelet does: the condition changed now.
             ready.last_transition_time = Some(
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now() - ago),
             );
             ready.reason = Some("KubeletNotReady".into());
             ready.message = Some("test: the node's runtime stopped".into());
@@ -1346,8 +1355,9 @@ async fn twenty_nodes_with_four_not_ready_roll_on_the_sixteen_and_name_the_four(
     create_daemonset(&env, agent_template(&env.resource, v1), v1).await?;
     let down = ["sim-gpu-x01", "sim-gpu-x05", "sim-gpu-x09", "sim-gpu-x13"];
     let mut not_ready = Vec::new();
+    // NotReady before the rollout (see `NotReady::set_since`).
     for n in down {
-        not_ready.push(NotReady::set(&env.client, n).await?);
+        not_ready.push(NotReady::set_since(&env.client, n, Duration::from_secs(5)).await?);
     }
     let mut spec = support::default_spec(&env.resource, v1);
     spec["stages"] = json!([{"nodes": 1}, {"nodes": "100%"}]);
