@@ -889,17 +889,7 @@ fn restore_blocked(
             "revision {current} is blocked: reverting through {} (spec.ownerRevert); its operator writes revision {stable}'s template back",
             plan.describe()
         );
-        if st.target_revision.as_deref() == Some(current) {
-            phase::keep_working(st, o, "RollingBack", &msg);
-        } else {
-            phase::stalled(
-                st,
-                o,
-                saferollout_api::Phase::Degraded,
-                "BlockedRevision",
-                msg,
-            );
-        }
+        report_restore(o, st, current, msg.clone(), msg);
         return;
     }
     if let Some(owner) = o.daemonset.and_then(|d| d.owner) {
@@ -926,26 +916,38 @@ fn restore_blocked(
         return;
     }
     actions.push(restore_last_good(st));
+    report_restore(
+        o,
+        st,
+        current,
+        format!("restoring revision {stable} over revision {current}"),
+        format!(
+            "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation); restoring {stable}"
+        ),
+    );
+}
+
+/// The phase while blocked revision `current` is being restored over: the
+/// revert under way keeps its phase while the restore lands
+/// (`rolling_back`); a blocked revision written again stalls (`blocked`).
+fn report_restore(
+    o: &Observed,
+    st: &mut SafeRolloutStatus,
+    current: &str,
+    rolling_back: String,
+    blocked: String,
+) {
     if st.target_revision.as_deref() == Some(current) {
-        // The revert under way: its phase stands while the restore lands.
-        phase::keep_working(
+        phase::keep_working(st, o, "RollingBack", &rolling_back);
+    } else {
+        phase::stalled(
             st,
             o,
-            "RollingBack",
-            &format!("restoring revision {stable} over revision {current}"),
+            saferollout_api::Phase::Degraded,
+            "BlockedRevision",
+            blocked,
         );
-        return;
     }
-    let msg = format!(
-        "revision {current} is blocked (retry with the {RETRY_ANNOTATION} annotation); restoring {stable}"
-    );
-    phase::stalled(
-        st,
-        o,
-        saferollout_api::Phase::Degraded,
-        "BlockedRevision",
-        msg,
-    );
 }
 
 /// The disruption budget: `maxUnavailable` resolved against the nodes the
