@@ -1,11 +1,11 @@
 //! A vendor's driver upgrade starting in the middle of a rollout (issue 39),
 //! end to end against the real control plane, the operator as its
-//! ServiceAccount. The test plays NVIDIA's upgrade controller: it moves a
-//! node of the rollout's second stage to
-//! `nvidia.com/gpu-driver-upgrade-state=pod-restart-required` and deletes
-//! that node's agent pod, as the controller does to the operands that
-//! depend on the driver (the DaemonSet, OnDelete, brings it back from its
-//! current template).
+//! ServiceAccount. The test plays NVIDIA's upgrade controller: it marks a
+//! node of the rollout's second stage
+//! `nvidia.com/gpu-driver-upgrade-state=upgrade-required`, then
+//! `pod-restart-required`, and deletes that node's agent pod, as the
+//! controller does to the operands that depend on the driver (the
+//! DaemonSet, OnDelete, brings it back from its current template).
 //!
 //! What it shows (`docs/vendors.md`, "A driver upgrade during a rollout"):
 //! - the stage waits (Ready reason `DriverUpgrade`, naming the node and the
@@ -29,8 +29,8 @@ use saferollout_core::eligibility::{DRIVER_UPGRADE, NVIDIA_DRIVER_UPGRADE_LABEL}
 use saferollout_testkit::cluster;
 use serde_json::json;
 use support::{
-    Identity, Operator, TIMEOUT, condition, create_plugin_daemonset, create_rollout, sample_pods,
-    set_template_image, wait_adopted, wait_agents, wait_status,
+    Identity, Operator, TIMEOUT, condition, create_plugin_daemonset, create_rollout, pod_ready,
+    sample_pods, set_template_image, wait_adopted, wait_agents, wait_live_pods, wait_status,
 };
 
 const OPERATOR_SA: &str = "system:serviceaccount:saferollout-system:saferollout-operator";
@@ -92,6 +92,21 @@ async fn a_driver_upgrade_starting_mid_rollout_is_waited_for_within_the_budget()
         st.stages.len() == 2 && st.stages[1].nodes.iter().any(|n| n == UPGRADED)
     })
     .await?;
+    // NVIDIA's upgrade controller announces the upgrade (`upgrade-required`)
+    // before it deletes anything. Once the operator holds the stage, and
+    // the replacement it had in flight is Ready, nothing of the operator's
+    // is unavailable: the vendor's deletion then has the budget to itself,
+    // and any second node down from here on is the operator's doing.
+    set_upgrade_state(&nodes_api, Some("upgrade-required")).await?;
+    wait_status(&client, &ns.name, "plugin", TIMEOUT, waiting_on_upgrade).await?;
+    wait_live_pods(&client, &ns.name, "app=plugin", |live| {
+        names.iter().filter(|n| *n != UPGRADED).all(|n| {
+            live.iter().any(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n) && pod_ready(p)
+            })
+        })
+    })
+    .await?;
     set_upgrade_state(&nodes_api, Some("pod-restart-required")).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let on_node = ListParams::default()
@@ -113,8 +128,12 @@ async fn a_driver_upgrade_starting_mid_rollout_is_waited_for_within_the_budget()
         "the upgrade started before the rollout reached {UPGRADED}"
     );
 
-    // The stage waits, naming the node and the label.
-    let st = wait_status(&client, &ns.name, "plugin", TIMEOUT, waiting_on_upgrade).await?;
+    // The stage waits, naming the node and the label's new state.
+    let st = wait_status(&client, &ns.name, "plugin", TIMEOUT, |st| {
+        waiting_on_upgrade(st)
+            && condition(st, "Ready").is_some_and(|c| c.message.contains("pod-restart-required"))
+    })
+    .await?;
     let message = &condition(&st, "Ready").unwrap().message;
     assert!(
         message.contains(UPGRADED) && message.contains("pod-restart-required"),
