@@ -35,6 +35,7 @@ use saferollout_core::fleet::ordering::{self, Dependencies, NodeAgents, Order};
 use saferollout_core::fleet::windows::{self, Window};
 use saferollout_core::fleet::{Fleet, Governing};
 use saferollout_core::objects::SlimPod;
+use saferollout_core::revision::{revision_hash, same_template};
 use saferollout_core::views::AgentPod;
 
 use super::RolloutKey;
@@ -561,7 +562,7 @@ fn ordering_waits(
         if !before.contains(name.as_str()) {
             continue;
         }
-        let passed_nodes = passed_nodes(sr);
+        let passed_nodes = passed_nodes(sr, caches);
         // Its agent is on a node while it has a pod there, even one being
         // replaced, and while it holds or disrupts the node (the pod
         // deleted, its replacement not created yet): a predecessor caught
@@ -644,7 +645,7 @@ enum Passed<'a> {
     On(BTreeSet<&'a str>),
 }
 
-fn passed_nodes(sr: &SafeRollout) -> Passed<'_> {
+fn passed_nodes<'a>(sr: &'a SafeRollout, caches: &Caches) -> Passed<'a> {
     let Some(st) = sr.status.as_ref() else {
         return Passed::Nowhere;
     };
@@ -662,6 +663,9 @@ fn passed_nodes(sr: &SafeRollout) -> Passed<'_> {
             .iter()
             .any(|b| Some(&b.revision) == st.target_revision.as_ref());
     if !rolling {
+        if release_not_started(sr, caches) {
+            return Passed::Nowhere;
+        }
         return Passed::Everywhere(st.stable_revision.as_deref());
     }
     Passed::On(
@@ -671,6 +675,45 @@ fn passed_nodes(sr: &SafeRollout) -> Passed<'_> {
             .flat_map(|s| s.nodes.iter().map(String::as_str))
             .collect(),
     )
+}
+
+/// Whether `sr`'s DaemonSet already carries a template other than its
+/// stable revision's that `sr`'s status does not roll out yet: a release
+/// written a moment ago, before `sr`'s next pass. Its agents still serve the
+/// stable revision, so without this its dependents would see it passed
+/// everywhere and replace theirs ahead of it (seen end to end: three
+/// releases written at once, the plugin replaced on a node 40 ms before the
+/// driver's first pass took that node). Unknown (no DaemonSet, no stable
+/// revision, its ControllerRevision gone): not pending, as before.
+fn release_not_started(sr: &SafeRollout, caches: &Caches) -> bool {
+    let Some(stable) = sr
+        .status
+        .as_ref()
+        .and_then(|s| s.stable_revision.as_deref())
+    else {
+        return false;
+    };
+    let Some(ds) = caches.target_daemonset(sr) else {
+        return false;
+    };
+    let Some(ds_uid) = ds.metadata.uid.as_deref() else {
+        return false;
+    };
+    let ns = sr.namespace().unwrap_or_default();
+    let stable_template = caches
+        .revisions
+        .in_namespace(&ns)
+        .into_iter()
+        .filter(|cr| {
+            cr.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.uid == ds_uid)
+        })
+        .filter(|cr| revision_hash(cr) == Some(stable))
+        .find_map(|cr| caches.templates.get(&cr).map(|(t, _)| t));
+    stable_template.is_some_and(|t| !same_template(&t, &ds.spec.template))
 }
 
 /// The owned inputs of one pass's [`Fleet`].
