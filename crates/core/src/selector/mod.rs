@@ -300,10 +300,19 @@ pub enum Step {
     /// Take the handover expression off the target's template (nothing is
     /// handed over and no canary exists).
     ClearTarget,
-    /// Write a node's handover label (`Old`: remove it).
+    /// Write a node's handover label (`Old`: remove it), unless one of
+    /// `unless_changed` changed since the pass read it.
     Handover {
         node: String,
         to: HandoverState,
+        /// The pods whose deletion the engine did not pay for from the
+        /// budget because they were not Ready (`PodRef::unchanged_since`).
+        /// A pod deletion carries that as its precondition; a label write
+        /// cannot, so the executor reads each pod first and writes nothing
+        /// if one changed (it may have become Ready while the cache lagged:
+        /// its controller would delete a serving agent unpaid). Empty for
+        /// a move the budget paid for, or one that costs nothing.
+        unless_changed: Vec<PodRef>,
     },
     /// Relabel target pods to the target's current hash (same content, a
     /// hash of a template that differed only by the handover expression),
@@ -361,6 +370,16 @@ fn delete_pods(pods: Vec<PodRef>, ctx: &Context) -> Vec<Step> {
     let mut deletions = Vec::new();
     let mut steps = Vec::new();
     for r in pods {
+        // A node the promotion has tainted is the promotion's until it
+        // ends: neither DaemonSet creates a pod there, so a pod deleted or
+        // a node moved now would be left without an agent, and the
+        // promotion waits for no node mid-handover (found by the property
+        // tests: a stale canary pod deleted on a tainted node, the node
+        // then moved to `surge`, and neither went on). The engine asks
+        // again once the promotion is over, as for a template write.
+        if ctx.promotion.tainted.contains(r.node.as_str()) {
+            continue;
+        }
         let owner = ctx
             .pods
             .get(r.node.as_str())
@@ -381,9 +400,22 @@ fn delete_pods(pods: Vec<PodRef>, ctx: &Context) -> Vec<Step> {
             continue;
         }
         if let HandoverStep::Move { to, .. } = ctx.step_of(&r.node) {
-            let step = Step::Handover { node: r.node, to };
-            if !steps.contains(&step) {
-                steps.push(step);
+            let unpaid = r.unchanged_since.is_some().then(|| r.clone());
+            let same_move = steps.iter_mut().find_map(|s| match s {
+                Step::Handover {
+                    node,
+                    to: t,
+                    unless_changed,
+                } if *node == r.node && *t == to => Some(unless_changed),
+                _ => None,
+            });
+            match same_move {
+                Some(unless_changed) => unless_changed.extend(unpaid),
+                None => steps.push(Step::Handover {
+                    node: r.node,
+                    to,
+                    unless_changed: unpaid.into_iter().collect(),
+                }),
             }
         }
     }
@@ -419,11 +451,13 @@ pub fn follow_ups(ctx: &Context, translated: &[Step]) -> Vec<Step> {
             steps.push(Step::Handover {
                 node: node.to_string(),
                 to: HandoverState::Old,
+                unless_changed: Vec::new(),
             });
         } else if let HandoverStep::Move { to, costs: false } = ctx.step_of(node) {
             steps.push(Step::Handover {
                 node: node.to_string(),
                 to,
+                unless_changed: Vec::new(),
             });
         }
     }

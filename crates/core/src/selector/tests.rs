@@ -76,6 +76,7 @@ fn handover(to: HandoverState) -> Step {
     Step::Handover {
         node: "n1".into(),
         to,
+        unless_changed: Vec::new(),
     }
 }
 
@@ -101,6 +102,53 @@ fn deleting_the_old_agent_is_the_nodes_first_handover_move() {
         translate(delete("old"), &mbb),
         [handover(HandoverState::Surge)]
     );
+}
+
+/// A deletion the budget did not pay for (the pod was not Ready) is
+/// conditioned on the pod as the pass saw it; a label write cannot be, so
+/// the handover carries the pod for the executor to read first.
+#[test]
+fn an_unpaid_deletion_hands_its_pod_to_the_handover_to_be_read_first() {
+    let bbm = ctx(
+        HandoverState::Old,
+        true,
+        false,
+        HandoverOrder::BreakBeforeMake,
+    );
+    let Action::DeletePods { mut pods } = delete("old") else {
+        unreachable!()
+    };
+    pods[0].unchanged_since = Some("7".into());
+    let unpaid = pods[0].clone();
+    assert_eq!(
+        translate(Action::DeletePods { pods }, &bbm),
+        [Step::Handover {
+            node: "n1".into(),
+            to: HandoverState::Drain,
+            unless_changed: vec![unpaid],
+        }]
+    );
+    // Paid for: written whatever the pod's state.
+    assert_eq!(
+        translate(delete("old"), &bbm),
+        [handover(HandoverState::Drain)]
+    );
+}
+
+/// The promotion holds the nodes it tainted: neither controller would
+/// create a pod there, so a deletion or a move waits for its end.
+#[test]
+fn nothing_is_deleted_or_moved_on_a_node_the_promotion_tainted() {
+    for (state, old, new) in [
+        (HandoverState::Old, true, false),
+        (HandoverState::New, false, true),
+    ] {
+        let mut c = ctx(state, old, new, HandoverOrder::MakeBeforeBreak);
+        let uid = if old { "old" } else { "new" };
+        assert!(!translate(delete(uid), &c).is_empty(), "{state:?}");
+        c.promotion.tainted.insert("n1");
+        assert_eq!(translate(delete(uid), &c), [], "{state:?}");
+    }
 }
 
 #[test]

@@ -190,7 +190,7 @@ impl Model {
                 } else {
                     "-"
                 };
-                format!("{}:{}{}", &p.node[5..], p.revision, state)
+                format!("{}:{}{}v{}", &p.node[5..], p.revision, state, p.version)
             })
             .collect();
         self.trace.push(format!(

@@ -448,7 +448,23 @@ impl Model {
                 self.cluster.selector_clear_target();
             }
             Step::ClearTarget => self.cluster.selector_clear_target(),
-            Step::Handover { node, to } => self.hand_over(node, *to),
+            Step::Handover {
+                node,
+                to,
+                unless_changed,
+            } => {
+                // As the operator does: each unpaid pod read first, the
+                // label written only if none changed.
+                let changed = unless_changed.iter().any(|r| {
+                    self.cluster
+                        .pods
+                        .get(&r.uid)
+                        .is_some_and(|p| r.unchanged_since.as_deref() != Some(p.version.as_str()))
+                });
+                if !changed {
+                    self.hand_over(node, *to);
+                }
+            }
             Step::AlignHashes { pods, hash } => {
                 for r in pods {
                     if let Some(p) = self.cluster.pods.get_mut(&r.uid)

@@ -283,7 +283,16 @@ async fn perform(
             clear_target(ctx, key, found).await?;
             Ok(None)
         }
-        Step::Handover { node, to } => {
+        Step::Handover {
+            node,
+            to,
+            unless_changed,
+        } => {
+            if let Some(changed) = changed_since_read(ctx, &key.0, unless_changed).await? {
+                // The pass is woken by the pod's change and decides again.
+                info!(ns = %key.0, %node, pod = %changed, "not handing the node over: its agent changed since the pass read it (it may be Ready now, and the budget did not pay for it)");
+                return Ok(None);
+            }
             hand_over(ctx, key, found, owned, node, *to).await?;
             Ok(None)
         }
@@ -400,6 +409,29 @@ async fn hand_over(
     }
     crash_point("label");
     Ok(())
+}
+
+/// The first of `pods` whose resourceVersion, read now from the API server,
+/// is not the one the pass decided on (`unchanged_since`); a pod gone counts
+/// as unchanged (its node has no agent to lose). A handover label write
+/// cannot carry a pod's precondition as a deletion does, so this read
+/// stands in for it: what is left is the moment between this read and the
+/// label write, instead of the caches' lag.
+async fn changed_since_read(ctx: &Context, ns: &str, pods: &[PodRef]) -> Result<Option<String>> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    for r in pods {
+        let Some(seen) = r.unchanged_since.as_deref() else {
+            continue;
+        };
+        let Some(pod) = api.get_opt(&r.name).await? else {
+            continue;
+        };
+        let same_pod = pod.metadata.uid.as_deref() == Some(r.uid.as_str());
+        if same_pod && pod.metadata.resource_version.as_deref() != Some(seen) {
+            return Ok(Some(r.name.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// Sets each pod's hash label to `hash`, without the canary's labels.
