@@ -309,8 +309,8 @@ fn done_with(o: &Observed, st: &SafeRolloutStatus, node: &str) -> bool {
 /// while the rollout holds the node and goes on (the DaemonSet on it);
 /// otherwise the last good
 /// revision (after a revert, or a success that made the target stable),
-/// or, once a failure stopped the rollout (Halt, Quarantine), the target on
-/// a node whose agent did not fail.
+/// or, once a failure stopped the rollout (Halt, Quarantine), on a node
+/// whose agent did not fail, the target or any revision not blocked.
 fn serves_what_it_should(o: &Observed, st: &SafeRolloutStatus, node: &str) -> bool {
     let mut live = live_pods(o.pods, node).peekable();
     let Some(revision) = live.peek().map(|p| p.revision) else {
@@ -321,9 +321,21 @@ fn serves_what_it_should(o: &Observed, st: &SafeRolloutStatus, node: &str) -> bo
     }
     let stable = st.stable_revision.as_deref();
     let target = st.target_revision.as_deref();
-    if let Some(stopped) = &st.stopped {
+    // A stop of an older revision says nothing of the one rolled now (a
+    // newer template is a person acting): its nodes pass or fail afresh.
+    let stop = st
+        .stopped
+        .as_ref()
+        .filter(|s| target.is_none_or(|t| t == s.revision));
+    if let Some(stopped) = stop {
+        // Nothing is replaced until a person acts: a node whose agent did
+        // not fail is given back on what it runs, the target it passed on
+        // or any revision no gate stopped (an older one its stage had not
+        // replaced yet: kept cordoned, it would take no workload for as
+        // long as the stop lasts, found by the property tests).
         let failed = stopped.nodes.iter().any(|n| n == node);
-        return Some(revision) == stable || (!failed && Some(revision) == target);
+        return Some(revision) == stable
+            || (!failed && (Some(revision) == target || !is_blocked(st, revision)));
     }
     // Rolling on: the DaemonSet is (still) on the target, which is neither
     // blocked nor stable (a template written back by a person ends it).

@@ -445,7 +445,9 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         m.status
     );
     // A rollout that is not stopped leaves no node cordoned; a stopped
-    // one, only nodes whose agent failed.
+    // one, only nodes whose agent failed: those its stop names, and those
+    // still running a revision an earlier stop blocked (a new template
+    // halted again before its stage replaced them: a person's to act on).
     let cordoned: Vec<&String> = m
         .cluster
         .nodes
@@ -453,7 +455,16 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
         .filter(|n| n.labels.contains_key(saferollout_api::MAINTENANCE_LABEL))
         .map(|n| &n.name)
         .collect();
-    let may_stay: Vec<&String> = m.status.stopped.iter().flat_map(|s| &s.nodes).collect();
+    let mut may_stay: Vec<&String> = m.status.stopped.iter().flat_map(|s| &s.nodes).collect();
+    if m.status.stopped.is_some() {
+        may_stay.extend(
+            m.cluster
+                .pods
+                .values()
+                .filter(|p| p.terminating.is_none() && super::is_blocked(&m.status, &p.revision))
+                .map(|p| &p.node),
+        );
+    }
     prop_assert!(
         cordoned.iter().all(|n| may_stay.contains(n)),
         "left cordoned: {:?} (stopped on {:?}); status: {:#?}\npods: {:#?}",
@@ -510,9 +521,10 @@ fn run_scenario(s: &Scenario) -> Result<(), TestCaseError> {
     let stable = m.status.stable_revision.clone().unwrap_or_default();
     prop_assert!(
         m.status.stuck_nodes.is_empty(),
-        "{:#?}\ntrace:\n{}",
+        "{:#?}\ntrace:\n{}\nstatus: {:#?}",
         m.status.stuck_nodes,
-        m.trace.join("\n")
+        m.trace.join("\n"),
+        m.status
     );
     prop_assert!(
         m.all_on(&stable),
