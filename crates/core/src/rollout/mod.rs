@@ -369,9 +369,23 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
         return;
     }
     let mut disrupted = fleet.violating;
+    let current = o.daemonset.and_then(|d| d.current_revision);
+    // The nodes an older stop failed, once a newer template is rolled:
+    // out of service (below), even while they stay cordoned.
+    let stopped_before: BTreeSet<&str> = st
+        .stopped
+        .iter()
+        .filter(|s| current.is_some_and(|c| c != s.revision))
+        .flat_map(|s| s.nodes.iter().map(String::as_str))
+        .collect();
     // A node in maintenance takes no workload: disrupted from its cordon
     // to its uncordon.
-    disrupted.extend(st.node_maintenance.iter().map(|e| e.node.clone()));
+    disrupted.extend(
+        st.node_maintenance
+            .iter()
+            .filter(|e| !stopped_before.contains(e.node.as_str()))
+            .map(|e| e.node.clone()),
+    );
     disrupted.extend(nodes_deleted_on(actions).into_iter().map(str::to_string));
     let target = st.target_revision.as_deref();
     let held = st
@@ -385,7 +399,6 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
     // template is rolled (someone acted), a node the stop quarantined is
     // out of service, as a cordoned one, and holds no budget: counting it
     // would let an old stop hold every later release of the rollout.
-    let current = o.daemonset.and_then(|d| d.current_revision);
     if let Some(stopped) = st
         .stopped
         .as_ref()

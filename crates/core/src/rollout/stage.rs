@@ -488,19 +488,23 @@ fn admit_fleet<'a>(
         .copied()
         .filter(|n| labelled.contains(n))
         .collect();
-    // As `status.disruptedNodes` counts them: the held nodes whose agent
-    // does not serve, and the nodes in maintenance (cordoned, serving or
-    // not). Leaving a cordoned node out here while the budget counts it
-    // would grant the budget's last slot to another node and never this
-    // one, whose cordon holds the rollout's last slot of `maxUnavailable`:
-    // neither could go on (found by the property tests).
-    let in_maintenance = st.node_maintenance.iter().map(|e| e.node.as_str());
-    let not_serving = held_nodes_through(st, usize::MAX)
+    // The nodes the rollout holds whose agent does not serve, or that are
+    // in maintenance (cordoned, serving or not). Leaving a cordoned node
+    // out would grant the budget's last slot to another node and never
+    // this one, whose cordon holds the rollout's last slot of
+    // `maxUnavailable`: neither could go on. Only the held ones: a node a
+    // stop quarantined, left cordoned, and skipped by a newer template is
+    // out of service and holds no budget, or it would hold every later
+    // release (both found by the property tests).
+    let in_maintenance: BTreeSet<&str> = st
+        .node_maintenance
+        .iter()
+        .map(|e| e.node.as_str())
+        .collect();
+    let disrupted: Vec<&'a str> = held_nodes_through(st, usize::MAX)
         .into_iter()
         .chain(st.converging_nodes.iter().map(String::as_str))
-        .filter(|n| !replace::is_available(o.pods, n));
-    let disrupted: Vec<&'a str> = in_maintenance
-        .chain(not_serving)
+        .filter(|n| in_maintenance.contains(n) || !replace::is_available(o.pods, n))
         .filter_map(|n| o.nodes.get(n).map(|v| v.name))
         .collect::<BTreeSet<&'a str>>()
         .into_iter()
