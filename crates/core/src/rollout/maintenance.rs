@@ -321,13 +321,9 @@ fn serves_what_it_should(o: &Observed, st: &SafeRolloutStatus, node: &str) -> bo
     }
     let stable = st.stable_revision.as_deref();
     let target = st.target_revision.as_deref();
-    // A stop of an older revision says nothing of the one rolled now (a
-    // newer template is a person acting): its nodes pass or fail afresh.
-    let stop = st
-        .stopped
-        .as_ref()
-        .filter(|s| target.is_none_or(|t| t == s.revision));
-    if let Some(stopped) = stop {
+    // A stop of an older revision says nothing of the one rolled now: its
+    // nodes pass or fail afresh.
+    if let Some(stopped) = super::stop_in_force(st, target) {
         // Nothing is replaced until a person acts: a node whose agent did
         // not fail is given back on what it runs, the target it passed on
         // or any revision no gate stopped (an older one its stage had not

@@ -307,6 +307,18 @@ pub fn is_blocked(st: &SafeRolloutStatus, revision: &str) -> bool {
     st.blocked_revisions.iter().any(|b| b.revision == revision)
 }
 
+/// The stop that still holds while `revision` is rolled out (`None`: not
+/// known, it holds): a stop of an older revision says nothing of a newer
+/// template, which is a person acting.
+pub(super) fn stop_in_force<'a>(
+    st: &'a SafeRolloutStatus,
+    revision: Option<&str>,
+) -> Option<&'a saferollout_api::StoppedRollout> {
+    st.stopped
+        .as_ref()
+        .filter(|s| revision.is_none_or(|r| r == s.revision))
+}
+
 fn is_source_blocked(st: &SafeRolloutStatus, source: &str) -> bool {
     st.blocked_revisions
         .iter()
@@ -370,12 +382,13 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
     }
     let mut disrupted = fleet.violating;
     let current = o.daemonset.and_then(|d| d.current_revision);
+    let in_force = stop_in_force(st, current);
     // The nodes an older stop failed, once a newer template is rolled:
     // out of service (below), even while they stay cordoned.
     let stopped_before: BTreeSet<&str> = st
         .stopped
         .iter()
-        .filter(|s| current.is_some_and(|c| c != s.revision))
+        .filter(|_| in_force.is_none())
         .flat_map(|s| s.nodes.iter().map(String::as_str))
         .collect();
     // A node in maintenance takes no workload: disrupted from its cordon
@@ -399,11 +412,7 @@ fn record_fleet(o: &Observed, st: &mut SafeRolloutStatus, actions: &[Action], fl
     // template is rolled (someone acted), a node the stop quarantined is
     // out of service, as a cordoned one, and holds no budget: counting it
     // would let an old stop hold every later release of the rollout.
-    if let Some(stopped) = st
-        .stopped
-        .as_ref()
-        .filter(|s| current.is_none_or(|c| c == s.revision))
-    {
+    if let Some(stopped) = in_force {
         disrupted.extend(
             stopped
                 .nodes

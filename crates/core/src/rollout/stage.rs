@@ -506,8 +506,6 @@ fn admit_fleet<'a>(
         .chain(st.converging_nodes.iter().map(String::as_str))
         .filter(|n| in_maintenance.contains(n) || !replace::is_available(o.pods, n))
         .filter_map(|n| o.nodes.get(n).map(|v| v.name))
-        .collect::<BTreeSet<&'a str>>()
-        .into_iter()
         .collect();
     crate::fleet::admit(fleet, &disrupted, &wanted, o.now)
 }

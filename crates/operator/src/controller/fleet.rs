@@ -43,6 +43,7 @@ use super::caches::Caches;
 use super::caches::stores::watch_config;
 use super::caches::triggers::{Cause, Triggers};
 use super::freshness::{self, Freshness};
+use super::snapshot::owned_by;
 use crate::metrics::Metrics;
 
 /// Most rollouts a policy's Ready message names.
@@ -514,13 +515,7 @@ fn agent_pods(sr: &SafeRollout, caches: &Caches) -> Vec<Arc<SlimPod>> {
         .pods
         .in_namespace(&sr.namespace().unwrap_or_default())
         .into_iter()
-        .filter(|p| {
-            p.metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.uid == uid)
-        })
+        .filter(|p| owned_by(&p.metadata, &uid))
         .collect()
 }
 
@@ -696,21 +691,13 @@ fn release_not_started(sr: &SafeRollout, caches: &Caches) -> bool {
     let Some(ds) = caches.target_daemonset(sr) else {
         return false;
     };
-    let Some(ds_uid) = ds.metadata.uid.as_deref() else {
-        return false;
-    };
+    let ds_uid = ds.metadata.uid.as_deref().unwrap_or_default();
     let ns = sr.namespace().unwrap_or_default();
     let stable_template = caches
         .revisions
         .in_namespace(&ns)
         .into_iter()
-        .filter(|cr| {
-            cr.metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.uid == ds_uid)
-        })
+        .filter(|cr| owned_by(&cr.metadata, ds_uid))
         .filter(|cr| revision_hash(cr) == Some(stable))
         .find_map(|cr| caches.templates.get(&cr).map(|(t, _)| t));
     stable_template.is_some_and(|t| !same_template(&t, &ds.spec.template))

@@ -84,7 +84,9 @@ impl World {
     }
 }
 
-fn owned_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
+/// Whether `meta` names the object of UID `uid` among its owners (an
+/// empty UID owns nothing).
+pub(super) fn owned_by(meta: &kube::api::ObjectMeta, uid: &str) -> bool {
     !uid.is_empty() && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
 }
 

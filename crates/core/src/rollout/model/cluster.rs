@@ -673,6 +673,15 @@ impl Cluster {
         true
     }
 
+    /// Whether the agent pod `uid` is no longer at resourceVersion
+    /// `unchanged_since` (`None`: no condition, never); a pod gone has not
+    /// changed.
+    pub fn pod_changed_since(&self, uid: &str, unchanged_since: Option<&str>) -> bool {
+        self.pods
+            .get(uid)
+            .is_some_and(|p| unchanged_since.is_some_and(|v| v != p.version))
+    }
+
     /// Deletes the agent pod `uid` (the UID is a precondition of the
     /// delete), only if its resourceVersion is still `unchanged_since` when
     /// that is set.
@@ -683,12 +692,12 @@ impl Cluster {
         now: Timestamp,
     ) -> Deletion {
         let grace = 1 + (self.created % 2) as i64;
+        if self.pod_changed_since(uid, unchanged_since) {
+            return Deletion::Changed;
+        }
         let Some(p) = self.pods.get_mut(uid) else {
             return Deletion::Gone;
         };
-        if unchanged_since.is_some_and(|v| v != p.version) {
-            return Deletion::Changed;
-        }
         if p.terminating.is_some() {
             return Deletion::Terminating;
         }

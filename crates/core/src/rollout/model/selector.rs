@@ -457,9 +457,7 @@ impl Model {
                 // label written only if none changed.
                 let changed = unless_changed.iter().any(|r| {
                     self.cluster
-                        .pods
-                        .get(&r.uid)
-                        .is_some_and(|p| r.unchanged_since.as_deref() != Some(p.version.as_str()))
+                        .pod_changed_since(&r.uid, r.unchanged_since.as_deref())
                 });
                 if !changed {
                     self.hand_over(node, *to);
